@@ -1,0 +1,117 @@
+"""The Infernet-style daemon config JSON (DESIGN §2), both shapes, and the normalized backend
+list that the gateway serves from.
+
+Shape 1: ``{"backend": "vllm", "vllm_host": URL, "vllm_model": NAME, "vram_tier": TIER}``
+Shape 2: ``{"backend": "vllm", "vllm_instances": [{"host": URL, "model": NAME}, ...],
+"served_models": [...]}``
+
+Instances in shape 2 may carry more than the Book's two keys; vllm-fleet writes and reads
+``name``, ``models`` (every served name), ``vram_tier`` and ``gpu_memory_mib``. Unknown top-level
+keys are ignored: the file is the daemon's config too and carries its own settings.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from fleetspec.errors import ConfigError, from_validation_error
+from fleetspec.fleetfile import FleetFile
+from fleetspec.tiers import VramTier, largest_tier, tier_for_mib
+
+
+@dataclass
+class BackendSpec:
+    """One upstream OpenAI-compatible server. Empty ``models`` means: ask its /v1/models."""
+
+    name: str
+    url: str
+    models: list[str] = field(default_factory=list)
+    vram_tier: VramTier = VramTier.UNKNOWN
+
+
+class InfernetInstance(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    host: str = Field(pattern=r"^https?://[^/\s]+(/.*)?$")
+    model: str | None = None
+    models: list[str] = Field(default_factory=list)
+    name: str | None = None
+    vram_tier: VramTier | None = None
+    gpu_memory_mib: int | None = Field(None, ge=0)
+
+
+class InfernetConfig(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    backend: Literal["vllm"] = "vllm"
+    vllm_host: str | None = Field(None, pattern=r"^https?://[^/\s]+(/.*)?$")
+    vllm_model: str | None = None
+    vram_tier: VramTier | None = None
+    vllm_instances: list[InfernetInstance] | None = None
+    served_models: list[str] | None = None
+
+    @model_validator(mode="after")
+    def _one_shape(self) -> InfernetConfig:
+        if self.vllm_host is None and not self.vllm_instances:
+            raise ValueError("needs either vllm_host or a non-empty vllm_instances")
+        if self.vllm_host is not None and self.vllm_instances:
+            raise ValueError("give vllm_host or vllm_instances, not both")
+        return self
+
+
+def _strip(url: str) -> str:
+    return url.rstrip("/")
+
+
+def parse_infernet(data: dict[str, Any], source: str = "infernet config") -> tuple[list[BackendSpec], VramTier | None]:
+    """Backends and the node tier override (None: compute it from the backends)."""
+    try:
+        cfg = InfernetConfig.model_validate(data)
+    except ValidationError as e:
+        raise from_validation_error(source, e) from e
+    if cfg.vllm_host is not None:
+        models = [cfg.vllm_model] if cfg.vllm_model else []
+        tier = cfg.vram_tier or VramTier.UNKNOWN
+        return [BackendSpec("backend-0", _strip(cfg.vllm_host), models, tier)], cfg.vram_tier
+    specs: list[BackendSpec] = []
+    seen: set[str] = set()
+    for i, inst in enumerate(cfg.vllm_instances or []):
+        url = _strip(inst.host)
+        if url in seen:
+            raise ConfigError(f"{source}: vllm_instances[{i}].host: {url} is listed twice")
+        seen.add(url)
+        models = list(dict.fromkeys(inst.models or ([inst.model] if inst.model else [])))
+        tier = inst.vram_tier or tier_for_mib(inst.gpu_memory_mib)
+        specs.append(BackendSpec(inst.name or f"backend-{i}", url, models, tier))
+    return specs, cfg.vram_tier
+
+
+def backends_from_fleet(fleet: FleetFile, gpu_memory_mib: dict[int, int]) -> list[BackendSpec]:
+    """What a fleet file will serve once the supervisor has started it."""
+    out = []
+    for inst in fleet.instances:
+        mem = sum(gpu_memory_mib.get(g, 0) for g in inst.gpus) if inst.gpus else 0
+        known = bool(inst.gpus) and all(g in gpu_memory_mib for g in inst.gpus)
+        tier = inst.vram_tier or (tier_for_mib(mem) if known else VramTier.UNKNOWN)
+        out.append(BackendSpec(inst.name, inst.url, list(inst.names), tier))
+    return out
+
+
+def node_tier(specs: list[BackendSpec], override: VramTier | None) -> VramTier:
+    return override or largest_tier(s.vram_tier for s in specs)
+
+
+def render_infernet(specs: list[BackendSpec], override: VramTier | None = None) -> dict[str, Any]:
+    """The multi-instance shape, with vllm-fleet's extra per-instance keys."""
+    served = list(dict.fromkeys(m for s in specs for m in s.models))
+    return {
+        "backend": "vllm",
+        "vram_tier": node_tier(specs, override).value,
+        "vllm_instances": [
+            {"name": s.name, "host": s.url, "model": s.models[0] if s.models else None,
+             "models": s.models, "vram_tier": s.vram_tier.value}
+            for s in specs
+        ],
+        "served_models": served,
+    }

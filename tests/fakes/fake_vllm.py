@@ -1,0 +1,201 @@
+"""A fake vLLM OpenAI server: a real HTTP server process, fast, with knobs for faults.
+
+It takes vLLM's command line (unknown flags are ignored, so the supervisor can launch it as a
+``vllm_command``) plus its own ``--fake-*`` flags for process behaviour, and a runtime control
+endpoint ``POST /_fake/config`` for HTTP behaviour, so a test can change a live server.
+
+Process flags: --fake-startup-delay S (listen only after S seconds), --fake-crash-after S,
+--fake-ignore-sigterm, --fake-workers N (forked children in the same process group that outlive
+the parent, like vLLM's EngineCore), --fake-never-healthy.
+HTTP knobs (flags or /_fake/config): latency (s before response headers), token_delay (s between
+SSE events), tokens, status (answer every POST with this status), hang (never answer a POST),
+health_status, drop_after (close the connection after N SSE events).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import sys
+import time
+from typing import Any
+
+from aiohttp import web
+
+KNOBS: dict[str, Any] = {
+    "latency": 0.0, "token_delay": 0.0, "tokens": 8, "status": 200, "hang": False,
+    "health_status": 200, "drop_after": -1,
+}
+STATS = {"requests_total": 0, "in_flight": 0, "cancelled": 0, "completed": 0}
+
+
+def _args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--model", default="fake-model")
+    p.add_argument("--served-model-name", nargs="+", default=None)
+    p.add_argument("--fake-name", default=None, help="identifies this replica in responses")
+    p.add_argument("--fake-startup-delay", type=float, default=0.0)
+    p.add_argument("--fake-crash-after", type=float, default=0.0)
+    p.add_argument("--fake-ignore-sigterm", action="store_true")
+    p.add_argument("--fake-workers", type=int, default=0)
+    p.add_argument("--fake-never-healthy", action="store_true")
+    for knob, default in KNOBS.items():
+        flag = f"--fake-{knob.replace('_', '-')}"
+        if isinstance(default, bool):
+            p.add_argument(flag, dest=knob, action="store_true")
+        else:
+            p.add_argument(flag, dest=knob, type=type(default), default=default)
+    args, _unknown = p.parse_known_args(argv)
+    return args
+
+
+def _error(status: int, message: str) -> web.Response:
+    body = {"error": {"message": message, "type": "fake_error", "param": None, "code": status}}
+    return web.json_response(body, status=status)
+
+
+class Fake:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.models = args.served_model_name or [args.model]
+        self.name = args.fake_name or f"fake-{args.port}"
+
+    async def health(self, _: web.Request) -> web.Response:
+        return web.Response(status=KNOBS["health_status"])
+
+    async def models_(self, _: web.Request) -> web.Response:
+        data = [{"id": m, "object": "model", "created": 0, "owned_by": "vllm", "root": m, "max_model_len": 2048}
+                for m in self.models]
+        return web.json_response({"object": "list", "data": data})
+
+    async def metrics(self, _: web.Request) -> web.Response:
+        text = (
+            f'vllm:num_requests_running{{model_name="{self.models[0]}"}} {STATS["in_flight"]}\n'
+            f'vllm:num_requests_waiting{{model_name="{self.models[0]}"}} 0\n'
+            f'vllm:kv_cache_usage_perc{{model_name="{self.models[0]}"}} 0.0\n'
+        )
+        return web.Response(text=text, content_type="text/plain")
+
+    async def stats(self, _: web.Request) -> web.Response:
+        return web.json_response(STATS)
+
+    async def config(self, request: web.Request) -> web.Response:
+        KNOBS.update(await request.json())
+        return web.json_response(KNOBS)
+
+    async def echo_headers(self, request: web.Request) -> web.Response:
+        return web.json_response({k.lower(): v for k, v in request.headers.items()})
+
+    async def post(self, request: web.Request) -> web.StreamResponse:
+        STATS["requests_total"] += 1
+        STATS["in_flight"] += 1
+        try:
+            return await self._post(request)
+        except asyncio.CancelledError:
+            STATS["cancelled"] += 1
+            raise
+        finally:
+            STATS["in_flight"] -= 1
+
+    async def _post(self, request: web.Request) -> web.StreamResponse:
+        raw = await request.read()
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            return _error(400, "bad json")
+        if body.get("model") not in self.models:
+            return _error(404, f"The model `{body.get('model')}` does not exist.")
+        if KNOBS["hang"]:
+            await asyncio.sleep(3600)
+        if KNOBS["latency"]:
+            await asyncio.sleep(KNOBS["latency"])
+        if KNOBS["status"] != 200:
+            return _error(KNOBS["status"], "injected failure")
+        kind = request.path.rsplit("/", 1)[-1]
+        headers = {"x-fake-backend": self.name}
+        if kind == "embeddings":
+            data = {"object": "list", "model": body["model"], "usage": {"prompt_tokens": 1, "total_tokens": 1},
+                    "data": [{"object": "embedding", "index": 0, "embedding": [0.1, 0.2, 0.3]}]}
+            STATS["completed"] += 1
+            return web.json_response(data, headers=headers)
+        n = int(body.get("max_tokens") or KNOBS["tokens"])
+        obj = "chat.completion" if kind == "completions" and "chat" in request.path else "text_completion"
+        if not body.get("stream"):
+            for _ in range(n):
+                if KNOBS["token_delay"]:
+                    await asyncio.sleep(KNOBS["token_delay"])
+            text = " ".join(f"t{i}" for i in range(n))
+            choice: dict[str, Any] = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"}
+                                      if obj == "chat.completion" else {"index": 0, "text": text, "finish_reason": "length"})
+            STATS["completed"] += 1
+            return web.json_response({"id": "cmpl-fake", "object": obj, "created": int(time.time()), "model": body["model"],
+                                      "system_fingerprint": self.name, "choices": [choice],
+                                      "usage": {"prompt_tokens": 1, "completion_tokens": n, "total_tokens": n + 1}},
+                                     headers=headers)
+        resp = web.StreamResponse(headers={**headers, "content-type": "text/event-stream"})
+        await resp.prepare(request)
+        for i in range(n):
+            if KNOBS["drop_after"] >= 0 and i >= KNOBS["drop_after"]:
+                assert request.transport is not None
+                request.transport.abort()
+                return resp
+            if KNOBS["token_delay"]:
+                await asyncio.sleep(KNOBS["token_delay"])
+            delta = {"index": 0, "delta": {"content": f"t{i} "}, "finish_reason": None} if obj == "chat.completion" \
+                else {"index": 0, "text": f"t{i} ", "finish_reason": None}
+            chunk = {"id": "cmpl-fake", "object": obj + ".chunk" if obj == "chat.completion" else obj,
+                     "created": 0, "model": body["model"], "system_fingerprint": self.name, "choices": [delta]}
+            await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+        await resp.write(b"data: [DONE]\n\n")
+        STATS["completed"] += 1
+        await resp.write_eof()
+        return resp
+
+
+def _spawn_workers(n: int) -> None:
+    """Children that keep running when the parent dies, as vLLM's EngineCore does."""
+    for _ in range(n):
+        if os.fork() == 0:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            while True:
+                time.sleep(3600)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = _args(sys.argv[1:] if argv is None else argv)
+    for knob in KNOBS:
+        KNOBS[knob] = getattr(args, knob)
+    if args.fake_never_healthy:
+        KNOBS["health_status"] = 503
+    if args.fake_ignore_sigterm:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    _spawn_workers(args.fake_workers)
+    if args.fake_startup_delay:
+        time.sleep(args.fake_startup_delay)
+    print(f"fake vllm {args.port} models={args.served_model_name or [args.model]} "
+          f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '')}", flush=True)
+    fake = Fake(args)
+    app = web.Application()
+    app.router.add_get("/health", fake.health)
+    app.router.add_get("/v1/models", fake.models_)
+    app.router.add_get("/metrics", fake.metrics)
+    app.router.add_get("/_fake/stats", fake.stats)
+    app.router.add_post("/_fake/config", fake.config)
+    app.router.add_post("/v1/echo_headers", fake.echo_headers)
+    app.router.add_post("/v1/{tail:.*}", fake.post)
+
+    async def crash(_: web.Application) -> None:
+        if args.fake_crash_after:
+            asyncio.get_running_loop().call_later(args.fake_crash_after, os._exit, 1)
+
+    app.on_startup.append(crash)
+    # handle_signals=False keeps --fake-ignore-sigterm in force; SIGTERM's default action exits.
+    web.run_app(app, host=args.host, port=args.port, print=None, handle_signals=False, access_log=None)
+
+
+if __name__ == "__main__":
+    main()
