@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from enum import Enum
+from enum import StrEnum
 
 
-class VramTier(str, Enum):
+class VramTier(StrEnum):
     """Exactly the strings of Infernet's enum; order of declaration is order of size."""
 
     UNKNOWN = "unknown"

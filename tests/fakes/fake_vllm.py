@@ -129,11 +129,14 @@ class Fake:
                 if KNOBS["token_delay"]:
                     await asyncio.sleep(KNOBS["token_delay"])
             text = " ".join(f"t{i}" for i in range(n))
-            choice: dict[str, Any] = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"}
-                                      if obj == "chat.completion" else {"index": 0, "text": text, "finish_reason": "length"})
+            choice: dict[str, Any] = {"index": 0, "finish_reason": "length"}
+            if obj == "chat.completion":
+                choice["message"] = {"role": "assistant", "content": text}
+            else:
+                choice["text"] = text
             STATS["completed"] += 1
-            return web.json_response({"id": "cmpl-fake", "object": obj, "created": int(time.time()), "model": body["model"],
-                                      "system_fingerprint": self.name, "choices": [choice],
+            return web.json_response({"id": "cmpl-fake", "object": obj, "created": int(time.time()),
+                                      "model": body["model"], "system_fingerprint": self.name, "choices": [choice],
                                       "usage": {"prompt_tokens": 1, "completion_tokens": n, "total_tokens": n + 1}},
                                      headers=headers)
         resp = web.StreamResponse(headers={**headers, "content-type": "text/event-stream"})
@@ -194,7 +197,9 @@ def main(argv: list[str] | None = None) -> None:
 
     app.on_startup.append(crash)
     # handle_signals=False keeps --fake-ignore-sigterm in force; SIGTERM's default action exits.
-    web.run_app(app, host=args.host, port=args.port, print=None, handle_signals=False, access_log=None)
+    # handler_cancellation: like vLLM, stop work when the client (the gateway) goes away.
+    web.run_app(app, host=args.host, port=args.port, print=None, handle_signals=False, access_log=None,
+                handler_cancellation=True)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,73 @@
+"""One upstream server as the gateway sees it: health state, models and load.
+
+State contract (only the health checker and the proxy change it, both on the event loop):
+- ``unknown``: not probed yet; out of rotation. First good probe -> ``healthy``;
+  ``health_failures`` bad probes in a row -> ``unhealthy``.
+- ``healthy``: in rotation. ``health_failures`` bad probes in a row -> ``unhealthy``.
+- ``unhealthy``: out of rotation. ``health_successes`` good probes in a row -> ``healthy``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from fleetspec.infernet import BackendSpec
+from fleetspec.tiers import VramTier
+
+UNKNOWN = "unknown"
+HEALTHY = "healthy"
+UNHEALTHY = "unhealthy"
+
+
+@dataclass(eq=False)
+class Backend:
+    name: str
+    url: str
+    vram_tier: VramTier
+    configured_models: list[str]
+    models: list[str] = field(default_factory=list)  # what routing uses
+    cards: dict[str, dict[str, Any]] = field(default_factory=dict)  # upstream /v1/models entries
+    state: str = UNKNOWN
+    in_flight: int = 0
+    ok_streak: int = 0
+    fail_streak: int = 0
+    last_error: str | None = None
+    last_change: float = field(default_factory=time.time)
+
+    @classmethod
+    def from_spec(cls, spec: BackendSpec) -> Backend:
+        return cls(spec.name, spec.url, spec.vram_tier, list(spec.models), list(spec.models))
+
+    @property
+    def healthy(self) -> bool:
+        return self.state == HEALTHY
+
+    def record_probe(self, ok: bool, error: str | None, failures: int, successes: int) -> bool:
+        """Apply one probe result; True when the backend changed state."""
+        before = self.state
+        if ok:
+            self.ok_streak += 1
+            self.fail_streak = 0
+            self.last_error = None
+            if self.state == UNKNOWN or (self.state == UNHEALTHY and self.ok_streak >= successes):
+                self.state = HEALTHY
+        else:
+            self.fail_streak += 1
+            self.ok_streak = 0
+            self.last_error = error
+            if self.state != UNHEALTHY and self.fail_streak >= failures:
+                self.state = UNHEALTHY
+        if self.state != before:
+            self.last_change = time.time()
+            return True
+        return False
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "name": self.name, "url": self.url, "models": self.models, "healthy": self.healthy,
+            "state": self.state, "in_flight": self.in_flight, "vram_tier": self.vram_tier.value,
+            "consecutive_failures": self.fail_streak, "last_error": self.last_error,
+            "since": self.last_change,
+        }

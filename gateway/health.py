@@ -1,0 +1,101 @@
+"""Active health checks: GET /health on every backend, and model discovery from /v1/models.
+
+/health is the probe because vLLM's /v1/models stays 200 while its engine hangs (DESIGN §3).
+/v1/models is read only to learn names (when the config gives a bare host) and model cards,
+each time a backend comes (back) into rotation, since a restarted server may serve other names.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from typing import Any
+
+import aiohttp
+
+from gateway.backend import HEALTHY, Backend
+from gateway.metrics import GatewayMetrics
+from gateway.pool import BackendPool
+from gateway.settings import GatewaySettings
+
+log = logging.getLogger("gateway.health")
+
+
+class HealthChecker:
+    def __init__(self, pool: BackendPool, settings: GatewaySettings, metrics: GatewayMetrics) -> None:
+        self.pool = pool
+        self.settings = settings
+        self.metrics = metrics
+        self._tasks: list[asyncio.Task[None]] = []
+        self._session: aiohttp.ClientSession | None = None
+
+    async def start(self) -> None:
+        timeout = aiohttp.ClientTimeout(total=self.settings.health_timeout_s)
+        key = self.settings.upstream_api_key
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        self._session = aiohttp.ClientSession(timeout=timeout, headers=headers)
+        for b in self.pool.backends:
+            self.metrics.healthy.labels(b.name).set(0)
+            self._tasks.append(asyncio.create_task(self._loop(b), name=f"health:{b.name}"))
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+        if self._session is not None:
+            await self._session.close()
+
+    async def probe_once(self, b: Backend) -> None:
+        ok, error = await self._probe(b)
+        self.metrics.probes.labels(b.name, "ok" if ok else "fail").inc()
+        if b.record_probe(ok, error, self.settings.health_failures, self.settings.health_successes):
+            log.log(logging.INFO if b.healthy else logging.WARNING, "backend %s (%s) is now %s%s",
+                    b.name, b.url, b.state, f": {error}" if error else "")
+            if b.state == HEALTHY:
+                await self._discover(b)
+            self.metrics.healthy.labels(b.name).set(1 if b.healthy else 0)
+        elif b.healthy and not b.models:
+            await self._discover(b)
+
+    async def _loop(self, b: Backend) -> None:
+        # Spread the probes of many backends over the interval instead of firing them together.
+        await asyncio.sleep(random.uniform(0, min(0.2, self.settings.health_interval_s)))
+        while True:
+            try:
+                await self.probe_once(b)
+            except Exception:  # a probe bug must not end the loop that keeps routing honest
+                log.exception("health probe of %s failed unexpectedly", b.name)
+            await asyncio.sleep(self.settings.health_interval_s)
+
+    async def _probe(self, b: Backend) -> tuple[bool, str | None]:
+        assert self._session is not None
+        try:
+            async with self._session.get(b.url + "/health") as r:
+                await r.read()
+                return (True, None) if r.status == 200 else (False, f"/health answered {r.status}")
+        except TimeoutError:
+            return False, f"/health timed out after {self.settings.health_timeout_s}s"
+        except aiohttp.ClientError as e:
+            return False, f"/health failed: {e.__class__.__name__}: {e}"
+
+    async def _discover(self, b: Backend) -> None:
+        assert self._session is not None
+        try:
+            async with self._session.get(b.url + "/v1/models") as r:
+                body: Any = await r.json(content_type=None) if r.status == 200 else None
+        except (TimeoutError, aiohttp.ClientError, ValueError) as e:
+            log.warning("could not list models of %s: %s", b.name, e)
+            return
+        data = body.get("data") if isinstance(body, dict) else None
+        if not isinstance(data, list):
+            return
+        cards = {c["id"]: c for c in data if isinstance(c, dict) and isinstance(c.get("id"), str)}
+        b.cards = cards
+        # Configured names are the contract; only a bare host takes its names from upstream.
+        names = b.configured_models or list(cards)
+        if names != b.models:
+            b.models = names
+            self.pool.reindex()
+            log.info("backend %s serves %s", b.name, ", ".join(names))

@@ -1,0 +1,85 @@
+"""What the proxy needs from a client request, read without re-encoding anything: the body bytes
+(capped), the ``model`` field, and the headers that may travel upstream."""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+
+from starlette.types import Receive, Scope
+
+# RFC 9110 §7.6.1 hop-by-hop headers, plus those the gateway sets itself on each hop.
+HOP_BY_HOP = frozenset({
+    b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te", b"trailer",
+    b"transfer-encoding", b"upgrade", b"host", b"content-length", b"x-request-id",
+    b"date", b"server",
+})
+# Only plain /v1 paths reach a backend: no '..', no empty segments, no scheme or host tricks.
+SAFE_PATH = re.compile(r"^/v1(/(?!\.\.?(?:/|$))[A-Za-z0-9_\-.:]+)+$")
+
+
+class BadRequest(Exception):
+    """A client error the gateway answers itself, with the OpenAI envelope."""
+
+    def __init__(self, status: int, message: str, code: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.param = param
+
+
+class ClientGone(Exception):
+    """The client disconnected before the request body was complete."""
+
+
+async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
+    for name, value in scope["headers"]:
+        if name == b"content-length" and value.isdigit() and int(value) > limit:
+            raise BadRequest(413, f"request body is {int(value)} bytes; the limit is {limit}", "request_too_large")
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        msg = await receive()
+        if msg["type"] == "http.disconnect":
+            raise ClientGone
+        chunk = msg.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise BadRequest(413, f"request body exceeds the limit of {limit} bytes", "request_too_large")
+        chunks.append(chunk)
+        if not msg.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def model_of(body: bytes) -> str:
+    """The ``model`` field; the body itself is forwarded as received, never re-encoded."""
+    try:
+        doc = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise BadRequest(400, f"request body is not valid JSON: {e}", "invalid_json") from e
+    if not isinstance(doc, dict):
+        raise BadRequest(400, "request body must be a JSON object", "invalid_json")
+    model = doc.get("model")
+    if not isinstance(model, str) or not model:
+        raise BadRequest(400, "you must provide a model parameter", "missing_model", "model")
+    return model
+
+
+def upstream_headers(scope: Scope, drop_auth: bool, upstream_key: str | None) -> tuple[list[tuple[str, str]], str]:
+    """Headers to send upstream, and the request id (the client's X-Request-ID, or a new one)."""
+    out: list[tuple[str, str]] = []
+    request_id = ""
+    for name, value in scope["headers"]:
+        if name == b"x-request-id":
+            request_id = value.decode("latin-1")[:200]
+        elif name in HOP_BY_HOP or (drop_auth and name == b"authorization"):
+            continue
+        else:
+            out.append((name.decode("latin-1"), value.decode("latin-1")))
+    if upstream_key:
+        out = [h for h in out if h[0] != "authorization"]
+        out.append(("authorization", f"Bearer {upstream_key}"))
+    request_id = request_id or uuid.uuid4().hex
+    out.append(("x-request-id", request_id))
+    return out, request_id

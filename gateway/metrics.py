@@ -1,0 +1,63 @@
+"""Gateway metrics (DESIGN §2), on a registry of the app's own, with bounded labels.
+
+``model`` is always a name some backend serves, or ``unknown``; ``backend`` is a configured
+backend name, or ``none`` when the request never reached one. Label children are cached because
+``labels()`` takes a lock and formats a key on every call, and this runs per request.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+UNKNOWN_MODEL = "unknown"
+NO_BACKEND = "none"
+
+_DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600)
+_TTFB_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+
+
+class GatewayMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter("fleet_requests_total", "Requests answered, by model, backend and status code",
+                                ["model", "backend", "code"], registry=r)
+        self.duration = Histogram("fleet_request_duration_seconds", "Whole request time, first byte in to last out",
+                                  ["model"], buckets=_DURATION_BUCKETS, registry=r)
+        self.ttfb = Histogram("fleet_time_to_first_byte_seconds", "Request in to first response body byte out",
+                              ["model"], buckets=_TTFB_BUCKETS, registry=r)
+        self.healthy = Gauge("fleet_backend_healthy", "1 while the backend is in rotation", ["backend"], registry=r)
+        self.in_flight = Gauge("fleet_backend_in_flight", "Requests the gateway has open to the backend",
+                               ["backend"], registry=r)
+        self.retries = Counter("fleet_retries_total", "Requests sent again to another replica before any byte",
+                               ["model"], registry=r)
+        self.upstream_failures = Counter("fleet_upstream_failures_total",
+                                         "Upstream failures by phase: connect, headers, stream",
+                                         ["backend", "phase"], registry=r)
+        self.probes = Counter("fleet_health_probes_total", "Active /health probes by result",
+                              ["backend", "result"], registry=r)
+        self._req: dict[tuple[str, str, str], Counter] = {}
+        self._dur: dict[str, Histogram] = {}
+        self._ttfb: dict[str, Histogram] = {}
+
+    def count(self, model: str, backend: str, code: int | str) -> None:
+        key = (model, backend, str(code))
+        child = self._req.get(key)
+        if child is None:
+            child = self._req[key] = self.requests.labels(*key)
+        child.inc()
+
+    def observe_duration(self, model: str, seconds: float) -> None:
+        child = self._dur.get(model)
+        if child is None:
+            child = self._dur[model] = self.duration.labels(model)
+        child.observe(seconds)
+
+    def observe_ttfb(self, model: str, seconds: float) -> None:
+        child = self._ttfb.get(model)
+        if child is None:
+            child = self._ttfb[model] = self.ttfb.labels(model)
+        child.observe(seconds)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

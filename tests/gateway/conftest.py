@@ -1,0 +1,48 @@
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.procs import FakeVllm, Gateway, instances
+
+DEFAULT_KNOBS = {"latency": 0.0, "token_delay": 0.0, "tokens": 8, "status": 200, "hang": False,
+                 "health_status": 200, "drop_after": -1}
+
+
+@pytest.fixture(scope="module")
+def tmp_mod(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("gw")
+
+
+@pytest.fixture(scope="module")
+def fakes(tmp_mod: Path) -> Iterator[list[FakeVllm]]:
+    """Two replicas of 'm1' and one server of 'm2', shared by a test module."""
+    started: list[FakeVllm] = []
+    try:
+        started.append(FakeVllm(tmp_mod, ["m1"]))
+        started.append(FakeVllm(tmp_mod, ["m1"]))
+        started.append(FakeVllm(tmp_mod, ["m2", "m2-alias"]))
+        yield started
+    finally:
+        for f in started:
+            f.stop()
+
+
+@pytest.fixture(autouse=True)
+def _reset_knobs(request: pytest.FixtureRequest) -> Iterator[None]:
+    yield
+    if "fakes" in request.fixturenames:
+        for f in request.getfixturevalue("fakes"):
+            if f.alive():
+                f.configure(**DEFAULT_KNOBS)
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_mod: Path, fakes: list[FakeVllm]) -> Iterator[Gateway]:
+    gw = Gateway(tmp_mod, instances(*fakes))
+    try:
+        yield gw
+    finally:
+        gw.stop()

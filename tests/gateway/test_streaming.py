@@ -1,0 +1,89 @@
+"""Streaming through the gateway: chunk by chunk, failures that look like failures, and client
+disconnects that stop the upstream generation in every phase."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import httpx
+import openai
+import pytest
+
+from tests.support.procs import FakeVllm, Gateway, wait_until
+
+
+def _events(lines: list[str]) -> list[str]:
+    return [ln[len("data: "):] for ln in lines if ln.startswith("data: ")]
+
+
+def test_mid_stream_failure_ends_with_error_event_and_no_done(gateway: Gateway, fakes: list[FakeVllm]) -> None:
+    fakes[2].configure(drop_after=2)
+    lines: list[str] = []
+    with pytest.raises(httpx.RemoteProtocolError), httpx.stream(
+        "POST", gateway.url + "/v1/chat/completions", timeout=10,
+        json={"model": "m2", "stream": True, "max_tokens": 6, "messages": []},
+    ) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            lines.append(line)
+    events = _events(lines)
+    assert len(events) == 3, events
+    assert json.loads(events[-1])["error"]["type"] == "upstream_error"
+    assert "[DONE]" not in events
+
+
+def test_mid_stream_failure_is_an_error_for_the_sdk(gateway: Gateway, fakes: list[FakeVllm]) -> None:
+    fakes[2].configure(drop_after=2)
+    client = openai.OpenAI(base_url=gateway.url + "/v1", api_key="x", max_retries=0)
+    got: list[str | None] = []
+    with pytest.raises(openai.APIError):
+        for chunk in client.chat.completions.create(model="m2", messages=[], max_tokens=6, stream=True):
+            got.append(chunk.choices[0].delta.content)
+    assert got == ["t0 ", "t1 "]
+
+
+def _raw_request(port: int, body: dict[str, object]) -> socket.socket:
+    data = json.dumps(body).encode()
+    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: " + str(len(data)).encode() + b"\r\n\r\n" + data)
+    return s
+
+
+def test_disconnect_mid_stream_cancels_upstream(gateway: Gateway, fakes: list[FakeVllm]) -> None:
+    fake = fakes[2]
+    before = fake.stats()["cancelled"]
+    fake.configure(token_delay=0.1, tokens=200)
+    s = _raw_request(gateway.port, {"model": "m2", "stream": True, "messages": []})
+    seen = b""
+    while b"data: " not in seen:
+        chunk = s.recv(65536)
+        assert chunk, seen
+        seen += chunk
+    assert fake.stats()["in_flight"] == 1
+    s.close()
+    assert wait_until(lambda: fake.stats()["in_flight"] == 0, timeout=5)
+    assert fake.stats()["cancelled"] == before + 1
+
+
+def test_disconnect_before_headers_cancels_upstream(gateway: Gateway, fakes: list[FakeVllm]) -> None:
+    fake = fakes[2]
+    before = fake.stats()["cancelled"]
+    fake.configure(latency=30)  # a long queue/prefill: no response headers yet
+    s = _raw_request(gateway.port, {"model": "m2", "messages": []})
+    assert wait_until(lambda: fake.stats()["in_flight"] == 1, timeout=5)
+    s.close()
+    assert wait_until(lambda: fake.stats()["in_flight"] == 0, timeout=5)
+    assert fake.stats()["cancelled"] == before + 1
+    metrics = httpx.get(gateway.url + "/metrics").text
+    assert 'fleet_requests_total{backend="fake-' in metrics and 'code="499"' in metrics
+
+
+def test_ttfb_and_duration_are_measured(gateway: Gateway) -> None:
+    httpx.post(gateway.url + "/v1/completions", json={"model": "m2", "prompt": "x", "max_tokens": 1})
+    text = httpx.get(gateway.url + "/metrics").text
+    counts = {ln.split()[0]: float(ln.split()[1]) for ln in text.splitlines()
+              if ln.startswith(("fleet_time_to_first_byte_seconds_count", "fleet_request_duration_seconds_count"))}
+    assert counts['fleet_time_to_first_byte_seconds_count{model="m2"}'] >= 1
+    assert counts['fleet_request_duration_seconds_count{model="m2"}'] >= 1
