@@ -42,7 +42,12 @@ class SupervisorSection(_Strict):
     backoff_max_s: float = Field(60.0, ge=0)
     start_retries: int = Field(5, ge=0)  # rapid failures in a row before FATAL
     start_secs: float = Field(60.0, ge=0)  # RUNNING this long resets the failure count
-    log_dir: str = "logs"
+    log_dir: str = "logs"  # one <instance>.log per instance (and gateway.log), relative to the cwd
+    state_dir: str = ".fleet"  # where `up` writes infernet.json for the gateway it launches
+    progress_interval_s: float = Field(5.0, gt=0)  # `up` prints instance states this often while loading
+    # The supervisor's own endpoint: /metrics (fleet_instance_*), /instances (JSON). 0 turns it off.
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int = Field(9400, ge=0, le=65535)
 
 
 class Instance(_Strict):
@@ -77,11 +82,14 @@ class Instance(_Strict):
 
 
 class FleetFile(_Strict):
-    gateway: GatewaySection = Field(default_factory=GatewaySection)
-    supervisor: SupervisorSection = Field(default_factory=SupervisorSection)
+    gateway: GatewaySection = Field(default_factory=lambda: GatewaySection())
+    supervisor: SupervisorSection = Field(default_factory=lambda: SupervisorSection())
     vllm_command: list[str] = Field(default_factory=lambda: list(DEFAULT_VLLM_COMMAND), min_length=1)
     base_port: int = Field(8001, ge=1, le=65535)
     vram_tier: VramTier | None = None  # node tier override
+    # argv of the gateway child; "{config}" is replaced by the Infernet JSON path.
+    # None = [sys.executable, -m, gateway, -c, {config}]. Lets tests and other gateways plug in.
+    gateway_command: list[str] | None = Field(None, min_length=1)
     instances: list[Instance] = Field(min_length=1)
 
 
@@ -116,7 +124,8 @@ def check_fleet(fleet: FleetFile) -> list[str]:
         if inst.tp * inst.pipeline_parallel_size != len(inst.gpus):
             problems.append(
                 f"{_where(i, inst, 'tensor_parallel_size')}: tensor_parallel_size ({inst.tp}) x "
-                f"pipeline_parallel_size ({inst.pipeline_parallel_size}) must equal the number of gpus ({len(inst.gpus)})"
+                f"pipeline_parallel_size ({inst.pipeline_parallel_size}) must equal the number of gpus "
+                f"({len(inst.gpus)})"
             )
     ports: dict[int, str] = {fleet.gateway.port: "gateway.port"}
     for i, inst in enumerate(fleet.instances):

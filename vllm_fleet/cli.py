@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 
 from fleetspec.errors import ConfigError
 
@@ -42,9 +43,9 @@ def main(argv: list[str] | None = None) -> int:
 
             print(make_tiny_model(args.directory))
             return 0
-        from supervisor import commands
+        from fleet_supervisor import commands
 
-        handler = {
+        handler: Callable[[], int] = {
             "up": lambda: commands.cmd_up(args.config),
             "check": lambda: commands.cmd_check(args.config),
             "gpus": commands.cmd_gpus,

@@ -1,0 +1,116 @@
+"""The command line and environment of each child: vLLM instances and the gateway.
+
+Everything here is pure (no processes, no I/O) so ``vllm-fleet check`` can print exactly what
+``vllm-fleet up`` would run.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from fleetspec.fleetfile import FleetFile, Instance
+
+GATEWAY_CHILD = "gateway"  # the gateway's name in logs, metrics and /instances
+DEFAULT_GATEWAY_COMMAND = ["python", "-m", "gateway", "-c", "{config}"]
+CPU_KVCACHE_GIB = "1"  # DESIGN §3: keeps the CPU build small; an instance env may raise it
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """What it takes to start one child and to know that it is alive."""
+
+    name: str
+    argv: list[str]
+    env: dict[str, str]  # the complete environment of the child, not a diff
+    health_url: str
+    log_path: Path
+    env_overrides: dict[str, str]  # the part of ``env`` that the supervisor set, for ``check``
+
+
+def resolve_python(argv: list[str]) -> list[str]:
+    """A leading ``python``/``python3`` means this interpreter: the venv that has vLLM installed,
+    not whichever python comes first on PATH."""
+    if argv and argv[0] in ("python", "python3"):
+        return [sys.executable, *argv[1:]]
+    return list(argv)
+
+
+def vllm_argv(fleet: FleetFile, inst: Instance) -> list[str]:
+    argv = resolve_python(fleet.vllm_command)
+    argv += ["--model", inst.model, "--served-model-name", *inst.names]
+    argv += ["--tensor-parallel-size", str(inst.tp), "--pipeline-parallel-size", str(inst.pipeline_parallel_size)]
+    argv += ["--host", "127.0.0.1", "--port", str(inst.port)]
+    # On the CPU build --gpu-memory-utilization is the fraction of *host* memory to reserve and
+    # vLLM refuses to start when that much is not free; VLLM_CPU_KVCACHE_SPACE sizes the cache
+    # instead. So a CPU instance passes it only when the fleet file sets it on purpose.
+    if inst.device == "cuda" or "gpu_memory_utilization" in inst.model_fields_set:
+        argv += ["--gpu-memory-utilization", str(inst.gpu_memory_utilization)]
+    return argv + list(inst.vllm_args)
+
+
+def vllm_env_overrides(inst: Instance) -> dict[str, str]:
+    """Variables the supervisor sets for an instance; the instance's own ``env`` wins."""
+    out: dict[str, str] = {}
+    if inst.device == "cpu":
+        # An empty list hides every GPU, so a CPU instance never grabs one by accident.
+        out["CUDA_VISIBLE_DEVICES"] = ""
+        out["VLLM_CPU_KVCACHE_SPACE"] = CPU_KVCACHE_GIB
+    else:
+        # NVML numbers GPUs in PCI bus order; CUDA's default "fastest first" order may differ,
+        # and then CUDA_VISIBLE_DEVICES would select GPUs other than the ones checked.
+        out["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+        out["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in inst.gpus)
+    out.update(inst.env)
+    return out
+
+
+def instance_spec(fleet: FleetFile, inst: Instance, base_env: Mapping[str, str] | None = None) -> LaunchSpec:
+    overrides = vllm_env_overrides(inst)
+    env = {**(os.environ if base_env is None else base_env), **overrides}
+    return LaunchSpec(
+        name=inst.name,
+        argv=vllm_argv(fleet, inst),
+        env=env,
+        health_url=f"{inst.url}/health",
+        log_path=Path(fleet.supervisor.log_dir) / f"{inst.name}.log",
+        env_overrides=overrides,
+    )
+
+
+def gateway_address(fleet: FleetFile, base_env: Mapping[str, str] | None = None) -> tuple[str, int]:
+    """Where the gateway will listen: FLEET_HOST/FLEET_PORT already in the environment win over
+    the fleet file, because that is how the gateway itself reads them."""
+    env = os.environ if base_env is None else base_env
+    host = env.get("FLEET_HOST") or fleet.gateway.host
+    port_text = env.get("FLEET_PORT")
+    port = int(port_text) if port_text and port_text.isdigit() else fleet.gateway.port
+    return host, port
+
+
+def probe_host(host: str) -> str:
+    """A wildcard listen address is reached through loopback."""
+    if host in ("0.0.0.0", "", "*"):
+        return "127.0.0.1"
+    if host == "::":
+        return "[::1]"
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
+def gateway_spec(fleet: FleetFile, config_path: Path, base_env: Mapping[str, str] | None = None) -> LaunchSpec:
+    base = dict(os.environ if base_env is None else base_env)
+    host, port = gateway_address(fleet, base)
+    template = fleet.gateway_command or DEFAULT_GATEWAY_COMMAND
+    argv = [part.replace("{config}", str(config_path)) for part in resolve_python(template)]
+    overrides = {k: v for k, v in (("FLEET_HOST", host), ("FLEET_PORT", str(port))) if base.get(k) != v}
+    return LaunchSpec(
+        name=GATEWAY_CHILD,
+        argv=argv,
+        env={**base, **overrides},
+        health_url=f"http://{probe_host(host)}:{port}/health",
+        log_path=Path(fleet.supervisor.log_dir) / f"{GATEWAY_CHILD}.log",
+        env_overrides=overrides,
+    )

@@ -1,0 +1,73 @@
+"""Validation that depends on this host: do the GPUs exist, are the ports free.
+
+fleetspec checks what a fleet file says; only the supervisor, which starts processes here, can
+check it against the machine. Every problem names the instance and the key, and all of them are
+reported at once so one ``vllm-fleet check`` shows everything to fix.
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+from collections.abc import Mapping
+
+from fleet_supervisor.command import GATEWAY_CHILD, gateway_address
+from fleetspec.errors import ConfigError
+from fleetspec.fleetfile import FleetFile
+from fleetspec.gpus import Gpu
+
+
+def port_in_use(host: str, port: int) -> str | None:
+    """Why ``host:port`` cannot be listened on, or None when it can.
+
+    SO_REUSEADDR matches what uvicorn and aiohttp do, so a port in TIME_WAIT after a previous
+    run counts as free, as it is for them."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                return "is already in use"
+            return f"cannot be bound: {e.strerror or e}"
+    return None
+
+
+def host_problems(fleet: FleetFile, gpus: list[Gpu], env: Mapping[str, str] | None = None) -> list[str]:
+    problems: list[str] = []
+    present = {g.index for g in gpus}
+    have = ", ".join(str(i) for i in sorted(present)) if present else "none (no GPU found by NVML or nvidia-smi)"
+    for i, inst in enumerate(fleet.instances):
+        where = f"instances[{i}] ({inst.name})"
+        if inst.name == GATEWAY_CHILD:
+            problems.append(f"{where}.name: '{GATEWAY_CHILD}' is reserved for the gateway child")
+        missing = [g for g in inst.gpus if g not in present] if inst.device == "cuda" else []
+        if missing:
+            problems.append(f"{where}.gpus: GPU {', '.join(map(str, missing))} does not exist on this host "
+                            f"(GPUs here: {have})")
+        if inst.port is not None:
+            why = port_in_use("127.0.0.1", inst.port)
+            if why:
+                problems.append(f"{where}.port: port {inst.port} on 127.0.0.1 {why}")
+    host, port = gateway_address(fleet, env)
+    why = port_in_use(host, port)
+    if why:
+        problems.append(f"gateway.port: port {port} on {host} {why}")
+    sup = fleet.supervisor
+    if sup.metrics_port:
+        if sup.metrics_port == port or sup.metrics_port in {inst.port for inst in fleet.instances}:
+            problems.append(f"supervisor.metrics_port: port {sup.metrics_port} is also used by the gateway "
+                            "or an instance")
+        else:
+            why = port_in_use(sup.metrics_host, sup.metrics_port)
+            if why:
+                problems.append(f"supervisor.metrics_port: port {sup.metrics_port} on {sup.metrics_host} {why}")
+    return problems
+
+
+def check_host(fleet: FleetFile, gpus: list[Gpu], source: str, env: Mapping[str, str] | None = None) -> None:
+    """Raise ConfigError (exit 2) listing every host problem of ``fleet``."""
+    problems = host_problems(fleet, gpus, env)
+    if problems:
+        raise ConfigError(f"{source}: does not fit this host\n" + "\n".join(f"  {p}" for p in problems))
