@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.procs import FakeVllm, Gateway, instances
+from tests.support.procs import FakeVllm, Gateway, Proc, instances
 
 DEFAULT_KNOBS = {"latency": 0.0, "token_delay": 0.0, "tokens": 8, "status": 200, "hang": False,
                  "health_status": 200, "drop_after": -1}
@@ -46,3 +46,14 @@ def gateway(tmp_mod: Path, fakes: list[FakeVllm]) -> Iterator[Gateway]:
         yield gw
     finally:
         gw.stop()
+
+
+@pytest.fixture
+def procs() -> Iterator[list[Proc]]:
+    """Processes a test starts itself: append each right after it starts; all are stopped after."""
+    started: list[Proc] = []
+    try:
+        yield started
+    finally:
+        for p in reversed(started):
+            p.stop()

@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support.procs import FakeVllm, Gateway, instances, wait_until
+from tests.support.procs import FakeVllm, Gateway, Proc, instances, wait_until
 
 
 def _err(r: httpx.Response) -> dict[str, Any]:
@@ -59,52 +59,48 @@ def test_unknown_get_route_has_envelope(gateway: Gateway) -> None:
     _err(r)
 
 
-def test_no_healthy_backend_is_503_with_retry_after(tmp_path: Path) -> None:
+def test_no_healthy_backend_is_503_with_retry_after(tmp_path: Path, procs: list[Proc]) -> None:
     fake = FakeVllm(tmp_path, ["solo"])
+    procs.append(fake)
     gw = Gateway(tmp_path, instances(fake))
-    try:
-        fake.configure(health_status=503)
-        assert wait_until(lambda: httpx.get(gw.url + "/ready").status_code == 503)
-        r = httpx.post(gw.url + "/v1/chat/completions", json={"model": "solo", "messages": []})
-        assert r.status_code == 503
-        assert int(r.headers["retry-after"]) >= 1
-        assert _err(r)["code"] == "no_healthy_backend"
-        ready = httpx.get(gw.url + "/ready")
-        assert ready.status_code == 503 and _err(ready)["code"] == "no_healthy_backend"
-        assert httpx.get(gw.url + "/health").status_code == 200
-        # The model stays known while its only server is down: 503 (come back), not 404 (wrong name).
-        assert httpx.get(gw.url + "/fleet").json()["backends"][0]["state"] == "unhealthy"
-    finally:
-        gw.stop()
-        fake.stop()
+    procs.append(gw)
+    fake.configure(health_status=503)
+    assert wait_until(lambda: httpx.get(gw.url + "/ready").status_code == 503)
+    r = httpx.post(gw.url + "/v1/chat/completions", json={"model": "solo", "messages": []})
+    assert r.status_code == 503
+    assert int(r.headers["retry-after"]) >= 1
+    assert _err(r)["code"] == "no_healthy_backend"
+    ready = httpx.get(gw.url + "/ready")
+    assert ready.status_code == 503 and _err(ready)["code"] == "no_healthy_backend"
+    assert httpx.get(gw.url + "/health").status_code == 200
+    # The model stays known while its only server is down: 503 (come back), not 404 (wrong name).
+    assert httpx.get(gw.url + "/fleet").json()["backends"][0]["state"] == "unhealthy"
 
 
-def test_api_keys(tmp_path: Path) -> None:
+def test_api_keys(tmp_path: Path, procs: list[Proc]) -> None:
     fake = FakeVllm(tmp_path, ["m"])
+    procs.append(fake)
     keyfile = tmp_path / "keys"
     keyfile.write_text("# ops keys\nfilekey\n")
     gw = Gateway(tmp_path, instances(fake), env={"FLEET_API_KEYS": "k1, k2", "FLEET_API_KEYS_FILE": str(keyfile),
                                                   "FLEET_PROTECT_METRICS": "true"})
-    try:
-        body = {"model": "m", "messages": [{"role": "user", "content": "x"}]}
-        for headers in [{}, {"Authorization": "Bearer wrong"}, {"Authorization": "k1"}, {"Authorization": "Basic k1"}]:
-            r = httpx.post(gw.url + "/v1/chat/completions", json=body, headers=headers)
-            assert r.status_code == 401, headers
-            assert _err(r)["code"] == "invalid_api_key"
-        for key in ["k1", "k2", "filekey"]:
-            ok = httpx.post(gw.url + "/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"})
-            assert ok.status_code == 200, key
-        # The client's key is the gateway's business; it is not forwarded to the backend.
-        echoed = httpx.post(gw.url + "/v1/echo_headers", json={"model": "m"}, headers={"Authorization": "Bearer k1"})
-        assert "authorization" not in echoed.json()
-        # Infernet's daemon lists models with no key; health and readiness stay open too.
-        assert httpx.get(gw.url + "/v1/models").status_code == 200
-        assert httpx.get(gw.url + "/health").status_code == 200
-        assert httpx.get(gw.url + "/metrics").status_code == 401
-        assert httpx.get(gw.url + "/fleet", headers={"Authorization": "Bearer k2"}).status_code == 200
-    finally:
-        gw.stop()
-        fake.stop()
+    procs.append(gw)
+    body = {"model": "m", "messages": [{"role": "user", "content": "x"}]}
+    for headers in [{}, {"Authorization": "Bearer wrong"}, {"Authorization": "k1"}, {"Authorization": "Basic k1"}]:
+        r = httpx.post(gw.url + "/v1/chat/completions", json=body, headers=headers)
+        assert r.status_code == 401, headers
+        assert _err(r)["code"] == "invalid_api_key"
+    for key in ["k1", "k2", "filekey"]:
+        ok = httpx.post(gw.url + "/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"})
+        assert ok.status_code == 200, key
+    # The client's key is the gateway's business; it is not forwarded to the backend.
+    echoed = httpx.post(gw.url + "/v1/echo_headers", json={"model": "m"}, headers={"Authorization": "Bearer k1"})
+    assert "authorization" not in echoed.json()
+    # Infernet's daemon lists models with no key; health and readiness stay open too.
+    assert httpx.get(gw.url + "/v1/models").status_code == 200
+    assert httpx.get(gw.url + "/health").status_code == 200
+    assert httpx.get(gw.url + "/metrics").status_code == 401
+    assert httpx.get(gw.url + "/fleet", headers={"Authorization": "Bearer k2"}).status_code == 200
 
 
 def test_request_id_is_propagated_or_generated(gateway: Gateway) -> None:

@@ -42,6 +42,15 @@ class Proc:
     def alive(self) -> bool:
         return self.popen.poll() is None
 
+    def _started(self, check: Any) -> None:
+        """Run the readiness check; on failure stop the process before raising, since the caller
+        never gets an object to stop."""
+        try:
+            check()
+        except BaseException:
+            self.stop()
+            raise
+
     def signal(self, sig: int) -> None:
         os.killpg(self.pid, sig)
 
@@ -84,7 +93,8 @@ class FakeVllm(Proc):
         argv = [sys.executable, str(FAKE_VLLM), "--port", str(self.port), "--served-model-name", *models,
                 "--fake-name", f"fake-{self.port}", *flags]
         super().__init__(argv, tmp / f"fake-{self.port}.log")
-        wait_http(self.url + "/health", self, status=503 if "--fake-never-healthy" in flags else 200)
+        self._started(lambda: wait_http(self.url + "/health", self,
+                                        status=503 if "--fake-never-healthy" in flags else 200))
 
     def configure(self, **knobs: Any) -> None:
         httpx.post(self.url + "/_fake/config", json=knobs, timeout=5).raise_for_status()
@@ -116,9 +126,12 @@ class Gateway(Proc):
                 "FLEET_HEALTH_FAILURES": "2", "FLEET_HEALTH_SUCCESSES": "2", "FLEET_LOG_LEVEL": "info"}
         super().__init__([sys.executable, "-m", "gateway", "-c", str(cfg)], tmp / f"gateway-{self.port}.log",
                          {**base, **(env or {})})
-        wait_http(self.url + "/health", self)
-        if wait_ready and not wait_until(self.all_healthy, timeout=15):
-            raise TimeoutError(f"gateway backends not all healthy: {httpx.get(self.url + '/fleet').text}")
+        def ready() -> None:
+            wait_http(self.url + "/health", self)
+            if wait_ready and not wait_until(self.all_healthy, timeout=15):
+                raise TimeoutError(f"gateway backends not all healthy: {httpx.get(self.url + '/fleet').text}")
+
+        self._started(ready)
 
     def all_healthy(self) -> bool:
         fleet = httpx.get(self.url + "/fleet", headers=self.auth, timeout=5).json()
