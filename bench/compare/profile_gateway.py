@@ -1,0 +1,90 @@
+"""Where the gateway spends its CPU: py-spy on the gateway while the benchmark's load runs.
+
+Same placement as run.py (gateway on CPU 0; upstream, load generator and py-spy on CPU 1).
+Writes bench/results/profile-<phase>.txt (collapsed stacks) and prints the top frames by self
+time and by inclusive time. py-spy comes from PyPI into bench/results/venvs/py-spy.
+
+    .venv/bin/python bench/compare/profile_gateway.py [--phase paced|conc|burst] [--seconds 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import subprocess
+from pathlib import Path
+
+import loadgen
+from run import PROXY_CPU, SIDE_CPU, _run
+from targets import ROOT, TWO_CPUS, ensure_venv, gateway, start_upstream
+
+
+def load(url: str, phase: str, seconds: float, token_ms: float) -> loadgen.Result:
+    if phase == "conc":
+        return _run(loadgen.requests(url, 10**6, 64, seconds))
+    if phase == "burst":
+        return _run(loadgen.streams(url, "m", 64, 200, 10**6, 0.0, seconds))
+    tokens = 100
+    return _run(loadgen.streams(url, "paced", 256, tokens, 10**6, tokens * token_ms / 1000, seconds))
+
+
+def top(collapsed: Path, n: int = 25) -> str:
+    self_t: collections.Counter[str] = collections.Counter()
+    incl: collections.Counter[str] = collections.Counter()
+    total = 0
+    for line in collapsed.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        c = int(count)
+        total += c
+        frames = stack.split(";")
+        self_t[frames[-1]] += c
+        for f in set(frames):
+            incl[f] += c
+    out = [f"{total} samples", "", "self %  frame"]
+    out += [f"{100 * c / total:5.1f}  {f}" for f, c in self_t.most_common(n)]
+    out += ["", "incl %  frame"]
+    out += [f"{100 * c / total:5.1f}  {f}" for f, c in incl.most_common(n)]
+    return "\n".join(out)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--phase", choices=("paced", "conc", "burst"), default="paced")
+    ap.add_argument("--seconds", type=float, default=8.0)
+    ap.add_argument("--native", action="store_true", help="include C frames (slower sampling)")
+    a = ap.parse_args()
+    out = ROOT / "bench" / "results"
+    work = out / "compare-work"
+    work.mkdir(parents=True, exist_ok=True)
+    spy = ensure_venv(out / "venvs", "py-spy", "py-spy", "py-spy")
+    if TWO_CPUS:
+        os.sched_setaffinity(0, {SIDE_CPU})
+    up, up_url = start_upstream(work, SIDE_CPU, 20.0)
+    gw = None
+    try:
+        gw, url, _ = gateway(work, up_url, PROXY_CPU, out / "venvs")
+        _run(loadgen.streams(url, "m", 256, 4, 1, 0.0, 30))  # open connections before sampling
+        collapsed = out / f"profile-{a.phase}.txt"
+        argv = [str(spy), "record", "-p", str(gw.pid), "-d", str(int(a.seconds)), "-r", "200", "-f", "raw",
+                "-o", str(collapsed)] + (["--native"] if a.native else ["--nonblocking"])
+        collapsed.unlink(missing_ok=True)
+        spy_proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        c0 = gw.cpu_s()
+        res = load(url, a.phase, a.seconds, 20.0)
+        c1 = gw.cpu_s()
+        _, err = spy_proc.communicate(timeout=120)
+        if not collapsed.exists():
+            raise SystemExit(f"py-spy failed ({spy_proc.returncode}): {err.strip()[-500:]}")
+        n = res.events or res.done
+        print(f"{a.phase}: {n} {'events' if res.events else 'requests'}, gateway CPU {c1 - c0:.2f} s "
+              f"= {(c1 - c0) / max(n, 1) * 1e6:.1f} µs each (py-spy attached, so a little higher than run.py)")
+        print(top(collapsed))
+    finally:
+        if gw is not None:
+            gw.stop()
+        up.stop()
+
+
+if __name__ == "__main__":
+    main()

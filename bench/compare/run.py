@@ -1,0 +1,208 @@
+"""Side by side, in one run: direct to a fake vLLM, the vllm-fleet gateway, nginx, vllm-router, LiteLLM.
+
+Placement: the proxy under test (its whole process tree) on CPU 0; the fake upstream and this
+load generator on CPU 1. Proxy CPU is utime+stime of all its processes from /proc, per phase.
+Phases, per target, each bounded in count and in time:
+
+  seq     one request at a time, non-streaming            -> p50/p99 latency
+  conc    64 concurrent, non-streaming                    -> p50/p99, requests/s, CPU per request
+  burst   64 concurrent streams, tokens back to back      -> CPU per relayed SSE event
+  paced   256 concurrent streams, one token per 20 ms     -> TTFT, inter-token latency, CPU per event
+
+"added" numbers are the target's minus direct's, same phase, same percentile. The "cpu1 busy"
+row is upstream + load generator CPU over wall time: near 1.0 means CPU 1, not the proxy, was
+the limit. A target that cannot be installed or started is reported as unavailable, never guessed.
+
+    .venv/bin/python bench/compare/run.py [--quick] [--targets gateway,nginx,vllm-router,litellm]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import loadgen
+import report
+from targets import CLK, ROOT, STARTERS, TWO_CPUS, Proc, Unavailable, start_upstream
+
+PROXY_CPU, SIDE_CPU = 0, 1
+
+
+def pct(xs: list[float], q: float) -> float | None:
+    if not xs:
+        return None
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+class Meter:
+    """CPU seconds of the proxy, the upstream and this process across one phase."""
+
+    def __init__(self, proxy: Proc | None, upstream: Proc) -> None:
+        self.procs = {"proxy": proxy, "upstream": upstream}
+
+    def snap(self) -> dict[str, float]:
+        s = {k: p.cpu_s() for k, p in self.procs.items() if p is not None}
+        s["loadgen"] = time.process_time()
+        f = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+        s["host_busy"] = (sum(int(x) for x in f[:8]) - int(f[3]) - int(f[4])) / CLK  # all but idle, iowait
+        s["t"] = time.perf_counter()
+        return s
+
+    @staticmethod
+    def delta(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
+        return {k: b[k] - a[k] for k in a}
+
+
+def phase(meter: Meter, coro: Any) -> tuple[loadgen.Result, dict[str, float]]:
+    a = meter.snap()
+    res = _run(coro)
+    return res, Meter.delta(a, meter.snap())
+
+
+def _run(coro: Any) -> loadgen.Result:
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coro)  # type: ignore[no-any-return]
+    return uvloop.run(coro)  # type: ignore[no-any-return]
+
+
+def measure(url: str, meter: Meter, a: argparse.Namespace, light: bool) -> dict[str, Any]:
+    """All four phases against one base URL. ``light`` shrinks counts for targets that are ~100× slower."""
+    k = 10 if light else 1
+    row: dict[str, Any] = {"errors": 0}
+    limit = a.phase_limit_s
+
+    def note(name: str, r: loadgen.Result, d: dict[str, float]) -> None:
+        row["errors"] += r.errors
+        if r.first_error:
+            row.setdefault("first_error", f"{name}: {r.first_error}")
+        if r.timed_out:
+            row.setdefault("timed_out", []).append(name)
+        busy = (d["upstream"] + d["loadgen"]) / d["t"] if d["t"] else 0
+        row[f"cpu1_busy_{name}"] = round(busy, 2)
+        other = d["host_busy"] - d["upstream"] - d["loadgen"] - d.get("proxy", 0.0)
+        row[f"other_cpu_{name}"] = round(max(0.0, other) / d["t"], 2) if d["t"] else None
+
+    r, d = phase(meter, loadgen.requests(url, max(20, a.seq // k), 1, limit))
+    note("seq", r, d)
+    row.update(p50_ms_1=_ms(pct(r.latencies, 0.5)), p99_ms_1=_ms(pct(r.latencies, 0.99)), n_1=r.done)
+
+    r, d = phase(meter, loadgen.requests(url, max(64, a.requests // k), 64, limit))
+    note("conc", r, d)
+    row.update(p50_ms_64=_ms(pct(r.latencies, 0.5)), p99_ms_64=_ms(pct(r.latencies, 0.99)), n_64=r.done,
+               rps_64=round(r.done / r.wall, 1) if r.wall else None)
+    if "proxy" in d and r.done:
+        row["cpu_us_per_request_64"] = round(d["proxy"] / r.done * 1e6, 1)
+
+    r, d = phase(meter, loadgen.streams(url, "m", 64, max(20, a.tokens // k), 1, 0.0, limit))
+    note("burst", r, d)
+    row.update(burst_events=r.events, burst_events_per_s=round(r.events / r.wall) if r.wall else None)
+    if "proxy" in d and r.events:
+        row["cpu_us_per_event_burst64"] = round(d["proxy"] / r.events * 1e6, 2)
+
+    rounds = min(2, a.rounds) if light else a.rounds
+    paced_tokens = a.paced_tokens // 2 if light else a.paced_tokens
+    # Starts spread over one stream's duration: at steady state streams arrive one by one, not
+    # 256 at once; every worker then runs ``rounds`` streams back to back (full concurrency after
+    # the first stream's duration).
+    r, d = phase(meter, loadgen.streams(url, "paced", a.paced_streams, paced_tokens, rounds,
+                                        paced_tokens * a.token_ms / 1000, limit))
+    note("paced", r, d)
+    itl = r.itl
+    row.update(ttft_p50_ms=_ms(pct(r.ttft, 0.5)), ttft_p99_ms=_ms(pct(r.ttft, 0.99)),
+               itl_p50_ms=_ms(pct(itl, 0.5)), itl_p99_ms=_ms(pct(itl, 0.99)),
+               itl_mean_ms=_ms(statistics.fmean(itl)) if itl else None,
+               paced_streams_done=r.done, paced_events=r.events,
+               paced_events_per_s=round(r.events / r.wall) if r.wall else None)
+    if "proxy" in d and r.events:
+        row["cpu_us_per_event_paced256"] = round(d["proxy"] / r.events * 1e6, 2)
+        row["proxy_cpu_frac_paced"] = round(d["proxy"] / d["t"], 2)
+    return row
+
+
+def _other_load(seconds: float = 2.0) -> float:
+    """Cores busy on this host over a short idle window, before the benchmark starts anything."""
+    def busy() -> float:
+        f = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+        return (sum(int(x) for x in f[:8]) - int(f[3]) - int(f[4])) / CLK
+    b0, p0 = busy(), time.process_time()
+    time.sleep(seconds)
+    return max(0.0, busy() - b0 - (time.process_time() - p0)) / seconds
+
+
+def _ms(x: float | None) -> float | None:
+    return None if x is None else round(x * 1e3, 3)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--targets", default="gateway,nginx,vllm-router,litellm")
+    ap.add_argument("--seq", type=int, default=1000, help="requests one at a time")
+    ap.add_argument("--requests", type=int, default=5000, help="requests at 64 concurrent")
+    ap.add_argument("--tokens", type=int, default=200, help="tokens per stream, burst phase")
+    ap.add_argument("--paced-streams", type=int, default=256)
+    ap.add_argument("--paced-tokens", type=int, default=100)
+    ap.add_argument("--rounds", type=int, default=3, help="paced streams per worker, one after another")
+    ap.add_argument("--token-ms", type=float, default=20.0)
+    ap.add_argument("--phase-limit-s", type=float, default=60.0)
+    ap.add_argument("--venvs", type=Path, default=ROOT / "bench" / "results" / "venvs")
+    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    ap.add_argument("--quick", action="store_true", help="a fifth of the counts, for a smoke run")
+    a = ap.parse_args()
+    if a.quick:
+        a.seq, a.requests, a.rounds, a.paced_tokens = a.seq // 5, a.requests // 5, 2, 50
+    work = a.out / "compare-work"
+    work.mkdir(parents=True, exist_ok=True)
+    a.venvs.mkdir(parents=True, exist_ok=True)
+    if TWO_CPUS:
+        os.sched_setaffinity(0, {SIDE_CPU})
+    t_start = time.monotonic()
+    res_host_other = _other_load()
+    if res_host_other > 0.2:
+        print(f"warning: other processes use {res_host_other:.2f} cores of this host; latency numbers will be "
+              "noisy, CPU per request/event less so", flush=True)
+    upstream, up_url = start_upstream(work, SIDE_CPU, a.token_ms)
+    res: dict[str, Any] = {
+        "host": {"cpus": os.cpu_count(), "pinned": TWO_CPUS, "python": platform.python_version(),
+                 "kernel": platform.release(), "other_cpu_before_cores": round(res_host_other, 2)},
+        "params": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()},
+        "targets": {},
+    }
+    try:
+        print("direct ...", flush=True)
+        res["targets"]["direct"] = {"version": "fake upstream (bench/compare/upstream.py)",
+                                    **measure(up_url, Meter(None, upstream), a, False)}
+        for name in [t.strip() for t in a.targets.split(",") if t.strip()]:
+            print(f"{name} ...", flush=True)
+            proc = None
+            try:
+                proc, url, ver = STARTERS[name](work, up_url, PROXY_CPU, a.venvs)
+                res["targets"][name] = {"version": ver, **measure(url, Meter(proc, upstream), a, name == "litellm")}
+            except Unavailable as e:
+                res["targets"][name] = {"unavailable": str(e)[:500]}
+            finally:
+                if proc is not None:
+                    proc.stop()
+    finally:
+        upstream.stop()
+    res["wall_s"] = round(time.monotonic() - t_start, 1)
+    report.derive(res)
+    md = report.markdown(res)
+    a.out.mkdir(parents=True, exist_ok=True)
+    (a.out / "compare.json").write_text(json.dumps(res, indent=2))
+    (a.out / "compare.md").write_text(md)
+    print(md)
+    print(f"written {a.out / 'compare.json'} and {a.out / 'compare.md'} ({res['wall_s']} s)")
+
+
+if __name__ == "__main__":
+    main()

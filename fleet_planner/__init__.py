@@ -1,0 +1,1 @@
+"""Capacity planner: how many GPUs a model needs, which layout, and a fleet file that runs it."""
