@@ -49,6 +49,8 @@ def vllm_argv(fleet: FleetFile, inst: Instance) -> list[str]:
     # instead. So a CPU instance passes it only when the fleet file sets it on purpose.
     if inst.device == "cuda" or "gpu_memory_utilization" in inst.model_fields_set:
         argv += ["--gpu-memory-utilization", str(inst.gpu_memory_utilization)]
+    if inst.distributed_executor_backend is not None:
+        argv += ["--distributed-executor-backend", inst.distributed_executor_backend]
     return argv + list(inst.vllm_args)
 
 
@@ -63,14 +65,24 @@ def vllm_env_overrides(inst: Instance) -> dict[str, str]:
         # NVML numbers GPUs in PCI bus order; CUDA's default "fastest first" order may differ,
         # and then CUDA_VISIBLE_DEVICES would select GPUs other than the ones checked.
         out["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-        out["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in inst.gpus)
+        if not inst.uses_ray:
+            out["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in inst.gpus)
+        # With Ray the workers are actors that each raylet starts with the GPUs *it* was given at
+        # `ray start` (vLLM never copies CUDA_VISIBLE_DEVICES to them), and the API server here
+        # holds no GPU. Narrowing the API server's view would only skew vLLM's own GPU count check,
+        # so the node's share is fixed where Ray reads it: `CUDA_VISIBLE_DEVICES=... ray start`.
     out.update(inst.env)
     return out
 
 
 def instance_spec(fleet: FleetFile, inst: Instance, base_env: Mapping[str, str] | None = None) -> LaunchSpec:
+    base = os.environ if base_env is None else base_env
     overrides = vllm_env_overrides(inst)
-    env = {**(os.environ if base_env is None else base_env), **overrides}
+    if inst.uses_ray and "RAY_ADDRESS" not in base:
+        # Join the cluster that `ray start` made, or fail at once: without an address ray.init()
+        # would quietly start a one-node cluster and wait forever for the other nodes' GPUs.
+        overrides.setdefault("RAY_ADDRESS", "auto")
+    env = {**base, **overrides}
     return LaunchSpec(
         name=inst.name,
         argv=vllm_argv(fleet, inst),

@@ -63,6 +63,14 @@ class Instance(_Strict):
     vllm_args: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
     vram_tier: VramTier | None = None  # overrides the tier computed from the GPUs
+    # "ray": the tensor x pipeline group may span nodes of a Ray cluster started beforehand with
+    # `ray start` (deploy/ray/README.md); ``gpus`` is then only this node's share of it.
+    # "mp" forces vLLM's single-node multiprocessing executor; None leaves the choice to vLLM.
+    distributed_executor_backend: Literal["mp", "ray"] | None = None
+
+    @property
+    def uses_ray(self) -> bool:
+        return self.distributed_executor_backend == "ray"
 
     @property
     def names(self) -> list[str]:
@@ -97,6 +105,20 @@ def _where(i: int, inst: Instance, key: str) -> str:
     return f"instances[{i}] ({inst.name}).{key}"
 
 
+def _ray_problems(i: int, inst: Instance) -> list[str]:
+    """A Ray group is world size tp x pp over the whole cluster; this node holds part of it."""
+    if inst.tensor_parallel_size is None:
+        # The default (local GPUs / pp) is exactly what a group spanning nodes is not.
+        return [f"{_where(i, inst, 'tensor_parallel_size')}: must be set for distributed_executor_backend: ray "
+                "(the group spans nodes, so it cannot be derived from this node's gpus)"]
+    world = inst.tp * inst.pipeline_parallel_size
+    if world < len(inst.gpus):
+        return [f"{_where(i, inst, 'tensor_parallel_size')}: tensor_parallel_size ({inst.tp}) x "
+                f"pipeline_parallel_size ({inst.pipeline_parallel_size}) = {world} is less than this node's "
+                f"share of the group (gpus: {len(inst.gpus)})"]
+    return []
+
+
 def check_fleet(fleet: FleetFile) -> list[str]:
     """Cross-instance rules; returns one message per violation, each naming instance and key."""
     problems: list[str] = []
@@ -107,6 +129,8 @@ def check_fleet(fleet: FleetFile) -> list[str]:
             problems.append(f"{_where(i, inst, 'name')}: duplicate name, also instances[{seen_names[inst.name]}]")
         seen_names.setdefault(inst.name, i)
         if inst.device == "cpu":
+            if inst.uses_ray:
+                problems.append(f"{_where(i, inst, 'distributed_executor_backend')}: ray needs device: cuda")
             if inst.gpus:
                 problems.append(f"{_where(i, inst, 'gpus')}: must be empty for device: cpu")
             continue  # the CPU build may shard over sockets: its sizes are vLLM's business
@@ -121,7 +145,9 @@ def check_fleet(fleet: FleetFile) -> list[str]:
             elif g in gpu_owner and gpu_owner[g] != inst.name:
                 problems.append(f"{_where(i, inst, 'gpus')}: GPU {g} is already used by instance '{gpu_owner[g]}'")
             gpu_owner.setdefault(g, inst.name)
-        if inst.tp * inst.pipeline_parallel_size != len(inst.gpus):
+        if inst.uses_ray:
+            problems += _ray_problems(i, inst)
+        elif inst.tp * inst.pipeline_parallel_size != len(inst.gpus):
             problems.append(
                 f"{_where(i, inst, 'tensor_parallel_size')}: tensor_parallel_size ({inst.tp}) x "
                 f"pipeline_parallel_size ({inst.pipeline_parallel_size}) must equal the number of gpus "

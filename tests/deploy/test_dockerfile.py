@@ -1,0 +1,56 @@
+"""The Dockerfile: hadolint clean, two targets with the documented entrypoints and health checks."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+
+from tests.deploy.tools import REPO, tool
+
+DOCKERFILE = REPO / "Dockerfile"
+
+
+def stages() -> dict[str, str]:
+    """Stage name -> its instructions (text up to the next FROM)."""
+    text = DOCKERFILE.read_text()
+    parts = re.split(r"^FROM\s+\S+\s+AS\s+(\S+)\s*$", text, flags=re.M)
+    return dict(zip(parts[1::2], parts[2::2], strict=True))
+
+
+def test_hadolint_is_clean() -> None:
+    done = subprocess.run([tool("hadolint"), "--no-color", str(DOCKERFILE)], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_hadolint_catches_a_planted_mistake(tmp_path: object) -> None:
+    # The linter really reads the file: an unpinned base and a shell-form ENTRYPOINT are flagged.
+    bad = DOCKERFILE.read_text().replace("ARG PYTHON_IMAGE=python:3.11-slim-bookworm", "ARG PYTHON_IMAGE=python")
+    bad += "\nFROM ubuntu\nENTRYPOINT vllm-fleet up\n"
+    done = subprocess.run([tool("hadolint"), "--no-color", "-"], input=bad, capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0 and "DL3006" in done.stdout and "DL3025" in done.stdout
+
+
+def entrypoint(stage: str) -> list[str]:
+    found = re.search(r"^ENTRYPOINT\s+(\[.*\])\s*$", stage, re.M)
+    assert found is not None
+    argv: list[str] = json.loads(found.group(1))
+    return argv
+
+
+def test_targets() -> None:
+    s = stages()
+    assert set(s) == {"fleet", "gateway"}
+    assert entrypoint(s["fleet"]) == ["vllm-fleet", "up", "-c", "/etc/vllm-fleet/fleet.yaml"]
+    assert entrypoint(s["gateway"]) == ["vllm-fleet", "gateway", "-c", "/etc/vllm-fleet/config.json"]
+    for name, text in s.items():
+        assert re.search(r"^HEALTHCHECK .*\n?.*/health", text, re.M), name
+        user = re.findall(r"^USER\s+(\S+)", text, re.M)
+        assert user and user[-1].split(":")[0] not in ("root", "0"), name
+    assert re.search(r"^ARG VLLM_IMAGE=vllm/vllm-openai:v\d+\.\d+\.\d+$", DOCKERFILE.read_text(), re.M)
+    # The fleet image adds vllm-fleet to vLLM's environment without changing any of vLLM's packages.
+    assert "--constraint" in s["fleet"]
+    # The gateway image is the package alone: no engine extra.
+    assert "pip install . " in s["gateway"] and "[gpu]" not in s["gateway"] and "[cpu]" not in s["gateway"]
+    assert re.search(r"^ARG PYTHON_IMAGE=python:3\.11-slim", DOCKERFILE.read_text(), re.M)
