@@ -20,7 +20,9 @@ from fleetspec.tiers import VramTier
 from gateway import errors
 from gateway.auth import KeyCheck
 from gateway.backend import Backend
+from gateway.ejection import Ejector
 from gateway.health import HealthChecker
+from gateway.limiter import Limiter
 from gateway.metrics import GatewayMetrics
 from gateway.pool import BackendPool
 from gateway.proxy import Proxy
@@ -41,8 +43,9 @@ class FleetGateway:
         self.settings = settings
         self.metrics = GatewayMetrics()
         self.pool = BackendPool([Backend.from_spec(s) for s in backends], node_tier)
-        self.health = HealthChecker(self.pool, settings, self.metrics)
-        self.proxy = Proxy(self.pool, settings, self.metrics)
+        self.limiter = Limiter(self.pool, settings, self.metrics)
+        self.health = HealthChecker(self.pool, settings, self.metrics, on_rotation=self.limiter.wake)
+        self.proxy = Proxy(self.pool, settings, self.metrics, self.limiter, Ejector(self.pool, settings, self.metrics))
         self.auth = KeyCheck(settings.keys(), settings.public_models, settings.protect_metrics)
         self.api = self._build_api()
 
@@ -112,7 +115,7 @@ class FleetGateway:
         @api.exception_handler(Exception)
         async def unexpected(_: Request, exc: Exception) -> Response:
             # Logged with its traceback by the server; the client gets the envelope, never a trace.
-            return _envelope(500, "internal gateway error", "internal_error", 500)
+            return _envelope(500, "internal gateway error", errors.INTERNAL, "internal_error")
 
         return api
 

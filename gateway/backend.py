@@ -5,6 +5,10 @@ State contract (only the health checker and the proxy change it, both on the eve
   ``health_failures`` bad probes in a row -> ``unhealthy``.
 - ``healthy``: in rotation. ``health_failures`` bad probes in a row -> ``unhealthy``.
 - ``unhealthy``: out of rotation. ``health_successes`` good probes in a row -> ``healthy``.
+- ``ejected``: out of rotation after failed requests (gateway/ejection.py, the only way in), until
+  ``ejected_until``; the first good probe after that -> ``healthy``. ``health_failures`` bad probes
+  in a row -> ``unhealthy``, as from any state. Ejection is passive and quick; only a probe, never
+  the mere passing of time, puts a backend back.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from fleetspec.tiers import VramTier
 UNKNOWN = "unknown"
 HEALTHY = "healthy"
 UNHEALTHY = "unhealthy"
+EJECTED = "ejected"
 
 
 @dataclass(eq=False)
@@ -35,6 +40,9 @@ class Backend:
     fail_streak: int = 0
     last_error: str | None = None
     last_change: float = field(default_factory=time.time)
+    request_failures: int = 0  # failed requests in a row (passive check); any good answer resets it
+    ejections: int = 0  # ejections in a row: the exponent of the next ejection period
+    ejected_until: float = 0.0  # wall clock
 
     @classmethod
     def from_spec(cls, spec: BackendSpec) -> Backend:
@@ -51,7 +59,8 @@ class Backend:
             self.ok_streak += 1
             self.fail_streak = 0
             self.last_error = None
-            if self.state == UNKNOWN or (self.state == UNHEALTHY and self.ok_streak >= successes):
+            if self.state == UNKNOWN or (self.state == UNHEALTHY and self.ok_streak >= successes) \
+                    or (self.state == EJECTED and time.time() >= self.ejected_until):
                 self.state = HEALTHY
         else:
             self.fail_streak += 1
@@ -61,13 +70,22 @@ class Backend:
                 self.state = UNHEALTHY
         if self.state != before:
             self.last_change = time.time()
+            if self.state == HEALTHY:
+                self.request_failures = 0
             return True
         return False
+
+    def eject(self, seconds: float) -> None:
+        self.state = EJECTED
+        self.ejected_until = time.time() + seconds
+        self.ejections += 1
+        self.last_change = time.time()
 
     def describe(self) -> dict[str, Any]:
         return {
             "name": self.name, "url": self.url, "models": self.models, "healthy": self.healthy,
             "state": self.state, "in_flight": self.in_flight, "vram_tier": self.vram_tier.value,
             "consecutive_failures": self.fail_streak, "last_error": self.last_error,
-            "since": self.last_change,
+            "since": self.last_change, "request_failures": self.request_failures,
+            "ejected_until": self.ejected_until if self.state == EJECTED else None,
         }

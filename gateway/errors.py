@@ -14,6 +14,8 @@ from starlette.types import Send
 INVALID_REQUEST = "invalid_request_error"
 UNAVAILABLE = "service_unavailable"
 UPSTREAM = "upstream_error"
+RATE_LIMIT = "requests"  # what OpenAI sends with 429 rate_limit_exceeded for request-count limits
+INTERNAL = "internal_error"
 
 
 def error_body(message: str, type_: str, code: str | int | None, param: str | None = None) -> bytes:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
@@ -23,8 +24,10 @@ log = logging.getLogger("gateway.health")
 
 
 class HealthChecker:
-    def __init__(self, pool: BackendPool, settings: GatewaySettings, metrics: GatewayMetrics) -> None:
+    def __init__(self, pool: BackendPool, settings: GatewaySettings, metrics: GatewayMetrics,
+                 on_rotation: Callable[[Backend], None] | None = None) -> None:
         self.pool = pool
+        self.on_rotation = on_rotation  # told when a backend (re)enters rotation: queued requests may use it
         self.settings = settings
         self.metrics = metrics
         self._tasks: list[asyncio.Task[None]] = []
@@ -56,6 +59,8 @@ class HealthChecker:
             if b.state == HEALTHY:
                 await self._discover(b)
             self.metrics.healthy.labels(b.name).set(1 if b.healthy else 0)
+            if b.healthy and self.on_rotation is not None:
+                self.on_rotation(b)
         elif b.healthy and not b.models:
             await self._discover(b)
 

@@ -1,8 +1,10 @@
 """What the proxy needs from a client request, read without re-encoding anything: the body bytes
-(capped), the ``model`` field, and the headers that may travel upstream."""
+(capped), the ``model`` field (and the caps checked on the same parse), the headers that may travel
+upstream, and the client connection's progress (``Flight``, which notices a disconnect)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import uuid
@@ -33,6 +35,27 @@ class ClientGone(Exception):
     """The client disconnected before the request body was complete."""
 
 
+class Flight:
+    """One request's progress, and the watcher that cancels it when the client disconnects."""
+
+    __slots__ = ("done", "gone", "sse", "started")
+
+    def __init__(self) -> None:
+        self.done = False  # the response is complete: a disconnect now is no longer a cancel
+        self.gone = False  # the client disconnected and the request was cancelled for it
+        self.started = False  # response headers went to the client: no status can change now
+        self.sse = False
+
+    async def watch(self, receive: Receive, task: asyncio.Task[object]) -> None:
+        while True:
+            msg = await receive()
+            if msg["type"] == "http.disconnect":
+                if not self.done:
+                    self.gone = True
+                    task.cancel()
+                return
+
+
 async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
     for name, value in scope["headers"]:
         if name == b"content-length" and value.isdigit() and int(value) > limit:
@@ -52,8 +75,9 @@ async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-def model_of(body: bytes) -> str:
-    """The ``model`` field; the body itself is forwarded as received, never re-encoded."""
+def model_of(body: bytes, max_tokens_cap: int | None = None, n_cap: int | None = None) -> str:
+    """The ``model`` field, after checking the caps on the same parse (the one JSON parse per
+    request); the body itself is forwarded as received, never re-encoded."""
     try:
         doc = json.loads(body)
     except (ValueError, UnicodeDecodeError) as e:
@@ -63,7 +87,19 @@ def model_of(body: bytes) -> str:
     model = doc.get("model")
     if not isinstance(model, str) or not model:
         raise BadRequest(400, "you must provide a model parameter", "missing_model", "model")
+    if max_tokens_cap is not None:
+        _cap(doc, "max_tokens", max_tokens_cap)
+        _cap(doc, "max_completion_tokens", max_tokens_cap)
+    if n_cap is not None:
+        _cap(doc, "n", n_cap)
     return model
+
+
+def _cap(doc: dict[str, object], field: str, cap: int) -> None:
+    # Only numbers are judged here; other types are the backend's to reject with its own message.
+    value = doc.get(field)
+    if isinstance(value, int | float) and not isinstance(value, bool) and value > cap:
+        raise BadRequest(400, f"{field} is {value}; this gateway allows at most {cap}", "value_above_limit", field)
 
 
 def upstream_headers(scope: Scope, drop_auth: bool, upstream_key: str | None) -> tuple[list[tuple[str, str]], str]:

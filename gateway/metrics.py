@@ -36,9 +36,18 @@ class GatewayMetrics:
                                          ["backend", "phase"], registry=r)
         self.probes = Counter("fleet_health_probes_total", "Active /health probes by result",
                               ["backend", "result"], registry=r)
+        self.ejections = Counter("fleet_backend_ejections_total",
+                                 "Times the backend left rotation after failed requests in a row",
+                                 ["backend"], registry=r)
+        self.rejected = Counter("fleet_rejected_total",
+                                "Requests refused with 429 by backpressure: queue_full, queue_timeout, max_in_flight",
+                                ["reason"], registry=r)
+        self.queue_depth = Gauge("fleet_queue_depth", "Requests waiting for a free replica of the model",
+                                 ["model"], registry=r)
         self._req: dict[tuple[str, str, str], Counter] = {}
         self._dur: dict[str, Histogram] = {}
         self._ttfb: dict[str, Histogram] = {}
+        self._in_flight: dict[str, Gauge] = {}
 
     def count(self, model: str, backend: str, code: int | str) -> None:
         key = (model, backend, str(code))
@@ -58,6 +67,12 @@ class GatewayMetrics:
         if child is None:
             child = self._ttfb[model] = self.ttfb.labels(model)
         child.observe(seconds)
+
+    def backend_in_flight(self, backend: str) -> Gauge:
+        child = self._in_flight.get(backend)
+        if child is None:
+            child = self._in_flight[backend] = self.in_flight.labels(backend)
+        return child
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

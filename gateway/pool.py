@@ -36,6 +36,13 @@ class BackendPool:
         """Some backend's models are still unknown, so an unknown name may yet appear."""
         return any(not b.models for b in self.backends)
 
+    def replicas(self, model: str) -> int:
+        return len(self._by_model.get(model, ()))
+
+    def last_in_rotation(self, b: Backend) -> bool:
+        """True when some model ``b`` serves has no other replica in rotation."""
+        return any(not any(o.healthy for o in self._by_model.get(m, ()) if o is not b) for m in b.models)
+
     def served_models(self) -> list[str]:
         return sorted(self._by_model)
 

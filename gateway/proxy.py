@@ -3,21 +3,27 @@
 Bytes go through as they arrive: the request body as received, the response chunk by chunk via
 aiohttp (DESIGN §3: a fraction of httpx's CPU per event). The order of events for one request:
 
-1. read the body (capped), take ``model`` from it, pick a healthy replica;
+1. read the body (capped), take ``model`` from it and check the caps (one JSON parse), enter the
+   gateway-wide in-flight cap, take a slot on a replica or wait for one (limiter.py);
 2. send it; while no response has started, a connect failure, a reset before any response, or
-   a 503 sends it to another replica (at most ``max_attempts`` tries);
+   a 503 sends it to another replica after a jittered pause (retry.py: attempts and a deadline);
 3. relay status, headers and body; the first body byte fixes time to first byte;
-4. if the upstream fails after the first byte, an SSE stream gets an OpenAI error event and the
-   connection is dropped without ``[DONE]`` so no client mistakes it for a complete answer.
+4. if the upstream fails after the first byte, or the total timeout strikes, an SSE stream gets an
+   OpenAI error event and the connection is dropped without ``[DONE]`` so no client mistakes it for
+   a complete answer.
 
-A watcher on ``receive()`` cancels the request the moment the client goes away, in every phase,
-so that closing the upstream connection makes vLLM abort the generation.
+Failed requests count towards passive ejection (ejection.py); any other answer resets the count.
+A watcher on ``receive()`` cancels the request the moment the client goes away, in every phase
+(queued, pausing between tries, waiting for headers, streaming), so that closing the upstream
+connection makes vLLM abort the generation. An unexpected exception is logged with its traceback
+and answered with the 500 envelope (or an error event mid-stream), never a trace.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 
 import aiohttp
@@ -25,9 +31,12 @@ from starlette.types import Receive, Scope, Send
 
 from gateway import errors
 from gateway.backend import Backend
-from gateway.inbound import SAFE_PATH, BadRequest, ClientGone, model_of, read_body, upstream_headers
+from gateway.ejection import FAILURE_STATUSES, Ejector
+from gateway.inbound import SAFE_PATH, BadRequest, ClientGone, Flight, model_of, read_body, upstream_headers
+from gateway.limiter import Limiter, Rejected
 from gateway.metrics import NO_BACKEND, UNKNOWN_MODEL, GatewayMetrics
 from gateway.pool import BackendPool
+from gateway.retry import RetryPolicy
 from gateway.settings import GatewaySettings
 
 log = logging.getLogger("gateway.proxy")
@@ -39,37 +48,24 @@ _DROP_RESPONSE_HEADERS = frozenset({
     b"proxy-authenticate",
 })
 _CLIENT_CLOSED = 499  # nginx's code for "client closed request", used as a metrics label only
-
-
-class _Watch:
-    """Cancels the request task when the client disconnects, unless the response is finished."""
-
-    __slots__ = ("done", "gone")
-
-    def __init__(self) -> None:
-        self.done = False
-        self.gone = False
-
-    async def run(self, receive: Receive, task: asyncio.Task[object]) -> None:
-        while True:
-            msg = await receive()
-            if msg["type"] == "http.disconnect":
-                if not self.done:
-                    self.gone = True
-                    task.cancel()
-                return
+_BUSY_RETRY_AFTER = [(b"retry-after", b"1")]
 
 
 class Proxy:
-    def __init__(self, pool: BackendPool, settings: GatewaySettings, metrics: GatewayMetrics) -> None:
+    def __init__(self, pool: BackendPool, settings: GatewaySettings, metrics: GatewayMetrics,
+                 limiter: Limiter, ejector: Ejector) -> None:
         self.pool = pool
         self.settings = settings
         self.metrics = metrics
+        self.limiter = limiter
+        self.ejector = ejector
+        self.retry = RetryPolicy(settings)
         self.session: aiohttp.ClientSession | None = None
         self._drop_auth = bool(settings.keys())
+        self._total_s = settings.total_timeout_s or math.inf
 
     async def start(self) -> None:
-        # No pool limit: backpressure is the backends' queues' job, not a hidden connector queue.
+        # No pool limit: backpressure is the limiter's job, not a hidden connector queue.
         connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, enable_cleanup_closed=True)
         self.session = aiohttp.ClientSession(
             connector=connector,
@@ -83,13 +79,23 @@ class Proxy:
             await self.session.close()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        flight = Flight()
+        try:
+            await self._serve(scope, receive, send, flight)
+        except Exception:
+            # A bug, not a client or upstream failure: log the trace, show the client only the envelope.
+            log.exception("unexpected error relaying %s", scope.get("path"))
+            await self._fail_internal(send, flight, UNKNOWN_MODEL)
+
+    async def _serve(self, scope: Scope, receive: Receive, send: Send, flight: Flight) -> None:
         t0 = time.perf_counter()
         model_label = UNKNOWN_MODEL
+        s = self.settings
         try:
             if not SAFE_PATH.match(scope["path"]):
                 raise BadRequest(404, f"no route for POST {scope['path']}", "not_found")
-            body = await read_body(scope, receive, self.settings.max_body_bytes)
-            model = model_of(body)
+            body = await read_body(scope, receive, s.max_body_bytes)
+            model = model_of(body, s.max_tokens_cap, s.max_n_cap)
             if self.pool.knows(model):
                 model_label = model
             elif self.pool.discovering:
@@ -99,113 +105,162 @@ class Proxy:
                 served = ", ".join(self.pool.served_models()) or "(none)"
                 raise BadRequest(404, f"The model '{model}' does not exist. Served models: {served}",
                                  "model_not_found", "model")
+            self.limiter.enter()
         except ClientGone:
             self.metrics.count(model_label, NO_BACKEND, _CLIENT_CLOSED)
             return
         except BadRequest as e:
-            await self._reject(send, e, model_label)
+            await self._reject(send, flight, e, model_label)
             return
-        watch = _Watch()
+        except Rejected as e:
+            await self._busy(send, flight, e, model_label)
+            return
         task = asyncio.current_task()
         assert task is not None
-        watcher = asyncio.ensure_future(watch.run(receive, task))
+        watcher = asyncio.ensure_future(flight.watch(receive, task))
         try:
-            await self._forward(scope, send, body, model, t0, watch)
+            await self._forward(scope, send, body, model, t0, flight)
         except asyncio.CancelledError:
-            if not watch.gone:
+            if not flight.gone:
                 raise  # server shutdown, not the client: let it propagate
             # cancel() has been consumed; the task goes on to finish normally.
-            asyncio.current_task().uncancel()  # type: ignore[union-attr]
+            task.uncancel()
+        except Rejected as e:
+            await self._busy(send, flight, e, model)
         finally:
-            watch.done = True
+            flight.done = True
             watcher.cancel()
+            self.limiter.leave()
 
-    async def _reject(self, send: Send, e: BadRequest, model_label: str) -> None:
-        headers = [(b"retry-after", str(max(1, round(self.settings.health_interval_s))).encode())] \
-            if e.status == 503 else None
+    async def _error(self, send: Send, flight: Flight, status: int, message: str, type_: str, code: str,
+                     param: str | None = None, headers: list[tuple[bytes, bytes]] | None = None) -> None:
+        flight.started = True
+        await errors.send_error(send, status, message, type_, code, param, headers)
+
+    def _retry_after(self) -> list[tuple[bytes, bytes]]:
+        return [(b"retry-after", str(max(1, round(self.settings.health_interval_s))).encode())]
+
+    async def _reject(self, send: Send, flight: Flight, e: BadRequest, model_label: str) -> None:
+        headers = self._retry_after() if e.status == 503 else None
         type_ = errors.UNAVAILABLE if e.status == 503 else errors.INVALID_REQUEST
-        await errors.send_error(send, e.status, str(e), type_, e.code, e.param, headers)
+        await self._error(send, flight, e.status, str(e), type_, e.code, e.param, headers)
         self.metrics.count(model_label, NO_BACKEND, e.status)
 
-    async def _forward(self, scope: Scope, send: Send, body: bytes, model: str, t0: float, watch: _Watch) -> None:
+    async def _busy(self, send: Send, flight: Flight, e: Rejected, model_label: str) -> None:
+        self.metrics.rejected.labels(e.reason).inc()
+        await self._error(send, flight, 429, str(e), errors.RATE_LIMIT, "rate_limit_exceeded",
+                          headers=_BUSY_RETRY_AFTER)
+        self.metrics.count(model_label, NO_BACKEND, 429)
+
+    async def _fail_internal(self, send: Send, flight: Flight, model_label: str) -> None:
+        try:
+            if not flight.started:
+                await self._error(send, flight, 500, "internal gateway error", errors.INTERNAL, "internal_error")
+            elif flight.sse:
+                await send({"type": "http.response.body", "more_body": True,
+                            "body": errors.sse_error_event("internal gateway error", 500)})
+            # Mid-response, returning without the final body message drops the connection.
+        except Exception:
+            log.exception("could not report an internal error to the client")
+        self.metrics.count(model_label, NO_BACKEND, 500)
+
+    async def _forward(self, scope: Scope, send: Send, body: bytes, model: str, t0: float, flight: Flight) -> None:
         assert self.session is not None
         headers, request_id = upstream_headers(scope, self._drop_auth, self.settings.upstream_api_key)
         target = scope["path"] + ("?" + scope["query_string"].decode("latin-1") if scope["query_string"] else "")
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        deadline = start + self._total_s
+        retry_end = min(deadline, start + self.retry.deadline_s)
         tried: list[Backend] = []
         last_failure = "no healthy replica"
         resp: aiohttp.ClientResponse | None = None
         backend: Backend | None = None
-        while len(tried) < self.settings.max_attempts:
-            backend = self.pool.pick(model, tried)
+        pause: float | None = 0.0
+        while pause is not None:
+            if pause:
+                await asyncio.sleep(pause)
+            backend = await self.limiter.acquire(model, tried, retry_end if tried else deadline)
             if backend is None:
                 break
             if tried:
                 self.metrics.retries.labels(model).inc()
             tried.append(backend)
-            backend.in_flight += 1
-            self.metrics.in_flight.labels(backend.name).inc()
             try:
-                async with asyncio.timeout(self.settings.headers_timeout_s):
+                async with asyncio.timeout_at(min(loop.time() + self.settings.headers_timeout_s, deadline)):
                     resp = await self.session.request("POST", backend.url + target, data=body, headers=headers)
             except _RETRYABLE as e:
                 last_failure = f"{backend.name}: {e.__class__.__name__}: {e}"
                 self.metrics.upstream_failures.labels(backend.name, "connect").inc()
-                self._release(backend)
+                self.ejector.failure(backend, last_failure)
+                self.limiter.release(backend)
+                pause = self.retry.backoff(len(tried), loop.time() - start)
                 continue
             except TimeoutError:
-                self.metrics.upstream_failures.labels(backend.name, "headers").inc()
-                self._release(backend)
-                await errors.send_error(send, 504, f"{backend.name} sent no response headers within "
-                                        f"{self.settings.headers_timeout_s}s", errors.UPSTREAM, "upstream_timeout")
-                self.metrics.count(model, backend.name, 504)
+                self.limiter.release(backend)
+                await self._headers_timeout(send, flight, backend, model, loop.time() >= deadline - 0.01)
                 return
             except BaseException:
-                self._release(backend)
-                if watch.gone:
+                self.limiter.release(backend)
+                if flight.gone:
                     self.metrics.count(model, backend.name, _CLIENT_CLOSED)
                 raise
-            if resp.status == 503 and len(tried) < self.settings.max_attempts \
-                    and self.pool.pick(model, tried) is not None:
-                last_failure = f"{backend.name} answered 503"
-                resp.close()
-                self._release(backend)
-                resp = None
-                continue
+            if resp.status in FAILURE_STATUSES:
+                self.ejector.failure(backend, f"answered {resp.status}")
+            else:
+                backend.request_failures = 0
+            if resp.status == 503:
+                pause = self.retry.backoff(len(tried), loop.time() - start)
+                if pause is not None and self.pool.pick(model, tried) is not None:
+                    last_failure = f"{backend.name} answered 503"
+                    resp.close()
+                    self.limiter.release(backend)
+                    resp = None
+                    continue
             break
         if resp is None or backend is None:
             status = 503 if not tried else 502
-            await errors.send_error(
-                send, status, f"no replica of '{model}' could take the request ({last_failure})",
+            await self._error(
+                send, flight, status, f"no replica of '{model}' could take the request ({last_failure})",
                 errors.UNAVAILABLE if status == 503 else errors.UPSTREAM,
-                "no_healthy_backend" if status == 503 else "upstream_unreachable",
-                headers=[(b"retry-after", str(max(1, round(self.settings.health_interval_s))).encode())],
-            )
+                "no_healthy_backend" if status == 503 else "upstream_unreachable", headers=self._retry_after())
             self.metrics.count(model, NO_BACKEND if not tried else tried[-1].name, status)
             return
         try:
-            await self._relay(send, resp, backend, model, request_id, t0, watch)
+            await self._relay(send, resp, backend, model, request_id, t0, flight, deadline)
         finally:
             resp.close()
-            self._release(backend)
+            self.limiter.release(backend)
 
-    def _release(self, backend: Backend) -> None:
-        backend.in_flight -= 1
-        self.metrics.in_flight.labels(backend.name).dec()
+    async def _headers_timeout(self, send: Send, flight: Flight, backend: Backend, model: str, total: bool) -> None:
+        if total:
+            # The gateway's own budget for the request ran out; not the backend's failure.
+            message = f"the request exceeded the gateway's total timeout of {self.settings.total_timeout_s}s"
+            code = "request_timeout"
+        else:
+            message = f"{backend.name} sent no response headers within {self.settings.headers_timeout_s}s"
+            code = "upstream_timeout"
+            self.metrics.upstream_failures.labels(backend.name, "headers").inc()
+            self.ejector.failure(backend, message)
+        await self._error(send, flight, 504, message, errors.UPSTREAM, code)
+        self.metrics.count(model, backend.name, 504)
 
     async def _relay(self, send: Send, resp: aiohttp.ClientResponse, backend: Backend, model: str,
-                     request_id: str, t0: float, watch: _Watch) -> None:
+                     request_id: str, t0: float, flight: Flight, deadline: float) -> None:
         out_headers = [(k, v) for k, v in resp.raw_headers if k.lower() not in _DROP_RESPONSE_HEADERS]
         out_headers.append((b"x-request-id", request_id.encode("latin-1")))
         out_headers.append((b"x-fleet-backend", backend.name.encode()))
-        sse = resp.headers.get("content-type", "").startswith("text/event-stream")
+        flight.sse = resp.headers.get("content-type", "").startswith("text/event-stream")
         code: int = resp.status
         first = True
         loop = asyncio.get_running_loop()
         idle_s = self.settings.idle_timeout_s
         try:
+            flight.started = True
             await send({"type": "http.response.start", "status": resp.status, "headers": out_headers})
-            async with asyncio.timeout_at(loop.time() + idle_s) as idle:
-                # Re-arming the idle timer at most once a second keeps its cost off the per-chunk path.
+            async with asyncio.timeout_at(min(loop.time() + idle_s, deadline)) as idle:
+                # Re-arming the idle timer at most once a second keeps its cost off the per-chunk path;
+                # it never moves past the request's total deadline.
                 rearm_at = loop.time() + 1.0
                 async for chunk in resp.content.iter_any():
                     if first:
@@ -214,28 +269,33 @@ class Proxy:
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
                     now = loop.time()
                     if now >= rearm_at:
-                        idle.reschedule(now + idle_s)
+                        idle.reschedule(min(now + idle_s, deadline))
                         rearm_at = now + 1.0
         except (aiohttp.ClientError, TimeoutError) as e:
-            if watch.gone:
+            if flight.gone:
                 raise asyncio.CancelledError from e
-            self.metrics.upstream_failures.labels(backend.name, "stream").inc()
-            what = "went silent" if isinstance(e, TimeoutError) else f"failed: {e.__class__.__name__}"
+            if isinstance(e, TimeoutError) and loop.time() >= deadline - 0.01:
+                what, status = f"exceeded the gateway's total timeout of {self.settings.total_timeout_s}s", 504
+            else:
+                what = "went silent" if isinstance(e, TimeoutError) else f"failed: {e.__class__.__name__}"
+                status = 502
+                self.metrics.upstream_failures.labels(backend.name, "stream").inc()
+                self.ejector.failure(backend, f"{what} mid-response")
             log.warning("upstream %s %s mid-response (request %s)", backend.name, what, request_id)
-            if sse:
+            if flight.sse:
                 await send({"type": "http.response.body", "more_body": True,
-                            "body": errors.sse_error_event(f"upstream {backend.name} {what} mid-stream")})
-            self.metrics.count(model, backend.name, 502)
+                            "body": errors.sse_error_event(f"upstream {backend.name} {what} mid-stream", status)})
+            self.metrics.count(model, backend.name, status)
             # Returning without the final body message makes the server drop the connection:
             # the client sees a truncated response, never a clean end.
             return
         except asyncio.CancelledError:
-            if watch.gone:
+            if flight.gone:
                 self.metrics.count(model, backend.name, _CLIENT_CLOSED)
             raise
         if first:
             self.metrics.observe_ttfb(model, time.perf_counter() - t0)
-        watch.done = True
+        flight.done = True
         await send({"type": "http.response.body", "body": b"", "more_body": False})
         self.metrics.count(model, backend.name, code)
         self.metrics.observe_duration(model, time.perf_counter() - t0)

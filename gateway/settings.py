@@ -30,6 +30,31 @@ class GatewaySettings(BaseSettings):
     headers_timeout_s: float = Field(600.0, gt=0)
     idle_timeout_s: float = Field(300.0, gt=0)  # longest silence between two chunks
     max_attempts: int = Field(3, ge=1)  # tries over different replicas, only before any byte
+    # Hard bound on a whole request, streaming included; 0 turns it off. Long: generations are long.
+    total_timeout_s: float = Field(3600.0, ge=0)
+    # Retries start only within this long of the request's arrival; it bounds backoff and queueing
+    # for a retry too. Full-jitter exponential backoff between tries (tenacity), base doubling to max.
+    retry_deadline_s: float = Field(10.0, ge=0)
+    retry_backoff_base_s: float = Field(0.05, ge=0)
+    retry_backoff_max_s: float = Field(1.0, ge=0)
+
+    # Passive ejection: this many failed requests in a row (connect error, reset, timeout, 502/503/504)
+    # take a backend out of rotation for eject_base_s, doubling per repeat up to eject_max_s.
+    eject_failures: int = Field(3, ge=1)
+    eject_base_s: float = Field(5.0, gt=0)
+    eject_max_s: float = Field(300.0, gt=0)
+
+    # Backpressure. A replica takes at most backend_max_concurrency requests (0 = no limit); when every
+    # replica of a model is full, requests wait in a FIFO of backend_queue places per replica, at most
+    # queue_timeout_s. max_in_flight caps the gateway as a whole (queued requests included).
+    backend_max_concurrency: int = Field(256, ge=0)
+    backend_queue: int = Field(512, ge=0)
+    queue_timeout_s: float = Field(30.0, gt=0)
+    max_in_flight: int = Field(4096, ge=1)
+
+    # Request caps (None = no cap): larger max_tokens / max_completion_tokens or n get a 400.
+    max_tokens_cap: int | None = Field(None, ge=1)
+    max_n_cap: int | None = Field(None, ge=1)
 
     log_level: str = "info"
     access_log: bool = False

@@ -10,6 +10,9 @@ the parent, like vLLM's EngineCore), --fake-never-healthy.
 HTTP knobs (flags or /_fake/config): latency (s before response headers), token_delay (s between
 SSE events), tokens, status (answer every POST with this status), hang (never answer a POST),
 health_status, drop_after (close the connection after N SSE events).
+Per request: a body field ``fake_latency`` (s) replaces the latency knob for that request only, so
+one test can hold some requests open while others pass. ``POST /v1/echo_body`` answers with the
+exact bytes it received.
 """
 
 from __future__ import annotations
@@ -90,6 +93,9 @@ class Fake:
     async def echo_headers(self, request: web.Request) -> web.Response:
         return web.json_response({k.lower(): v for k, v in request.headers.items()})
 
+    async def echo_body(self, request: web.Request) -> web.Response:
+        return web.Response(body=await request.read(), content_type="application/octet-stream")
+
     async def post(self, request: web.Request) -> web.StreamResponse:
         STATS["requests_total"] += 1
         STATS["in_flight"] += 1
@@ -111,8 +117,9 @@ class Fake:
             return _error(404, f"The model `{body.get('model')}` does not exist.")
         if KNOBS["hang"]:
             await asyncio.sleep(3600)
-        if KNOBS["latency"]:
-            await asyncio.sleep(KNOBS["latency"])
+        latency = body.get("fake_latency", KNOBS["latency"])
+        if latency:
+            await asyncio.sleep(latency)
         if KNOBS["status"] != 200:
             return _error(KNOBS["status"], "injected failure")
         kind = request.path.rsplit("/", 1)[-1]
@@ -189,6 +196,7 @@ def main(argv: list[str] | None = None) -> None:
     app.router.add_get("/_fake/stats", fake.stats)
     app.router.add_post("/_fake/config", fake.config)
     app.router.add_post("/v1/echo_headers", fake.echo_headers)
+    app.router.add_post("/v1/echo_body", fake.echo_body)
     app.router.add_post("/v1/{tail:.*}", fake.post)
 
     async def crash(_: web.Application) -> None:

@@ -1,0 +1,158 @@
+"""Backpressure: a concurrency limit per backend, a bounded FIFO per model, a cap on the gateway.
+
+A request takes a slot on the least-loaded replica in rotation (BackendPool.pick). When even that
+one is at ``backend_max_concurrency``, every replica is, and the request waits in its model's FIFO,
+which holds ``backend_queue`` places per replica of the model. A slot freed by a finishing request
+goes straight to the oldest waiter that may use that backend (a retry may not reuse a replica it
+tried), so nobody arriving later overtakes the queue. A full queue answers 429 at once, a wait
+longer than ``queue_timeout_s`` answers 429 too, and the global ``max_in_flight`` (queued requests
+included) answers 429 before any of that. A client that disconnects while queued is cancelled by
+the proxy's watcher, which takes it out of the queue here.
+
+Per request without queueing this costs one pick, two integer updates and a check of ``waiting``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections import deque
+from collections.abc import Sequence
+
+from gateway.backend import Backend
+from gateway.metrics import GatewayMetrics
+from gateway.pool import BackendPool
+from gateway.settings import GatewaySettings
+
+QUEUE_FULL = "queue_full"
+QUEUE_TIMEOUT = "queue_timeout"
+MAX_IN_FLIGHT = "max_in_flight"
+
+
+class Rejected(Exception):
+    """The gateway is too busy for this request: answer 429 with Retry-After."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class _Waiter:
+    __slots__ = ("exclude", "fut", "queued", "seq")
+
+    def __init__(self, seq: int, fut: asyncio.Future[Backend], exclude: tuple[Backend, ...]) -> None:
+        self.seq = seq
+        self.fut = fut
+        self.exclude = exclude
+        self.queued = True
+
+
+class Limiter:
+    def __init__(self, pool: BackendPool, settings: GatewaySettings, metrics: GatewayMetrics) -> None:
+        self.pool = pool
+        self.metrics = metrics
+        self.limit = settings.backend_max_concurrency  # 0: no limit
+        self.queue_per_replica = settings.backend_queue
+        self.queue_timeout_s = settings.queue_timeout_s
+        self.max_in_flight = settings.max_in_flight
+        self.in_flight = 0  # requests inside the gateway past parsing, queued ones included
+        self.waiting = 0
+        self._queues: dict[str, deque[_Waiter]] = {}
+        self._seq = itertools.count()
+
+    def enter(self) -> None:
+        if self.in_flight >= self.max_in_flight:
+            raise Rejected(MAX_IN_FLIGHT, f"the gateway has {self.in_flight} requests in flight, its limit")
+        self.in_flight += 1
+
+    def leave(self) -> None:
+        self.in_flight -= 1
+
+    async def acquire(self, model: str, exclude: Sequence[Backend], deadline: float) -> Backend | None:
+        """A replica of ``model`` with its slot taken, or None when none is in rotation.
+
+        Waits (FIFO, until ``deadline`` in loop time or the queue timeout) while all are full."""
+        b = self.pool.pick(model, exclude)
+        if b is None:
+            return None
+        if not self.limit or b.in_flight < self.limit:
+            self._take(b)
+            return b
+        return await self._wait(model, exclude, deadline)
+
+    def release(self, b: Backend) -> None:
+        b.in_flight -= 1
+        self.metrics.backend_in_flight(b.name).dec()
+        if self.waiting:
+            self._handoff(b)
+
+    def wake(self, b: Backend) -> None:
+        """``b`` came (back) into rotation: let waiters have its free slots."""
+        if self.waiting:
+            self._handoff(b)
+
+    def _take(self, b: Backend) -> None:
+        b.in_flight += 1
+        self.metrics.backend_in_flight(b.name).inc()
+
+    async def _wait(self, model: str, exclude: Sequence[Backend], deadline: float) -> Backend | None:
+        q = self._queues.get(model)
+        if q is None:
+            q = self._queues[model] = deque()
+        capacity = self.queue_per_replica * self.pool.replicas(model)
+        if len(q) >= capacity:
+            raise Rejected(QUEUE_FULL, f"every replica of '{model}' is busy and its queue of {capacity} is full")
+        loop = asyncio.get_running_loop()
+        w = _Waiter(next(self._seq), loop.create_future(), tuple(exclude))
+        q.append(w)
+        self.waiting += 1
+        self._depth(model, q)
+        try:
+            try:
+                async with asyncio.timeout_at(min(loop.time() + self.queue_timeout_s, deadline)):
+                    return await w.fut
+            except BaseException:
+                # Handed a slot in the same loop turn as the timeout or the client's disconnect.
+                if w.fut.done() and not w.fut.cancelled():
+                    self.release(w.fut.result())
+                raise
+        except TimeoutError:
+            if self.pool.pick(model, exclude) is None:
+                return None  # nothing left in rotation: the caller answers 503, not "busy"
+            raise Rejected(QUEUE_TIMEOUT, f"no replica of '{model}' became free within "
+                           f"{self.queue_timeout_s}s") from None
+        finally:
+            if w.queued:
+                w.queued = False
+                q.remove(w)
+                self.waiting -= 1
+                self._depth(model, q)
+
+    def _handoff(self, b: Backend) -> None:
+        while b.healthy and (not self.limit or b.in_flight < self.limit):
+            found = self._oldest_for(b)
+            if found is None:
+                return
+            model, q, w = found
+            w.queued = False
+            q.remove(w)
+            self.waiting -= 1
+            self._depth(model, q)
+            self._take(b)
+            w.fut.set_result(b)
+
+    def _oldest_for(self, b: Backend) -> tuple[str, deque[_Waiter], _Waiter] | None:
+        best: tuple[str, deque[_Waiter], _Waiter] | None = None
+        for m in b.models:
+            q = self._queues.get(m)
+            if not q:
+                continue
+            for w in q:
+                if not w.fut.done() and b not in w.exclude:
+                    if best is None or w.seq < best[2].seq:
+                        best = (m, q, w)
+                    break
+        return best
+
+    def _depth(self, model: str, q: deque[_Waiter]) -> None:
+        self.metrics.queue_depth.labels(model).set(len(q))
