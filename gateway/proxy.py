@@ -32,12 +32,22 @@ from starlette.types import Receive, Scope, Send
 from gateway import errors
 from gateway.backend import Backend
 from gateway.ejection import FAILURE_STATUSES, Ejector
-from gateway.inbound import SAFE_PATH, BadRequest, ClientGone, Flight, model_of, read_body, upstream_headers
+from gateway.inbound import (
+    SAFE_PATH,
+    BadRequest,
+    ClientGone,
+    Flight,
+    RequestIds,
+    model_of,
+    read_body,
+    upstream_headers,
+)
 from gateway.limiter import Limiter, Rejected
 from gateway.metrics import NO_BACKEND, UNKNOWN_MODEL, GatewayMetrics
 from gateway.pool import BackendPool
 from gateway.retry import RetryPolicy
 from gateway.settings import GatewaySettings
+from gateway.upstream import UrlCache, open_session
 
 log = logging.getLogger("gateway.proxy")
 
@@ -63,16 +73,11 @@ class Proxy:
         self.session: aiohttp.ClientSession | None = None
         self._drop_auth = bool(settings.keys())
         self._total_s = settings.total_timeout_s or math.inf
+        self._ids = RequestIds()
+        self._urls = UrlCache()
 
     async def start(self) -> None:
-        # No pool limit: backpressure is the limiter's job, not a hidden connector queue.
-        connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, enable_cleanup_closed=True)
-        self.session = aiohttp.ClientSession(
-            connector=connector,
-            auto_decompress=False,  # relay bytes exactly as the upstream sent them
-            timeout=aiohttp.ClientTimeout(total=None, connect=self.settings.connect_timeout_s),
-            skip_auto_headers=("Accept-Encoding", "User-Agent"),
-        )
+        self.session = open_session(self.settings)
 
     async def stop(self) -> None:
         if self.session is not None:
@@ -166,7 +171,7 @@ class Proxy:
 
     async def _forward(self, scope: Scope, send: Send, body: bytes, model: str, t0: float, flight: Flight) -> None:
         assert self.session is not None
-        headers, request_id = upstream_headers(scope, self._drop_auth, self.settings.upstream_api_key)
+        headers, request_id = upstream_headers(scope, self._drop_auth, self.settings.upstream_api_key, self._ids)
         target = scope["path"] + ("?" + scope["query_string"].decode("latin-1") if scope["query_string"] else "")
         loop = asyncio.get_running_loop()
         start = loop.time()
@@ -188,7 +193,8 @@ class Proxy:
             tried.append(backend)
             try:
                 async with asyncio.timeout_at(min(loop.time() + self.settings.headers_timeout_s, deadline)):
-                    resp = await self.session.request("POST", backend.url + target, data=body, headers=headers)
+                    resp = await self.session.request("POST", self._urls.get(backend.url, target), data=body,
+                                                      headers=headers)
             except _RETRYABLE as e:
                 last_failure = f"{backend.name}: {e.__class__.__name__}: {e}"
                 self.metrics.upstream_failures.labels(backend.name, "connect").inc()
@@ -262,7 +268,8 @@ class Proxy:
                 # Re-arming the idle timer at most once a second keeps its cost off the per-chunk path;
                 # it never moves past the request's total deadline.
                 rearm_at = loop.time() + 1.0
-                async for chunk in resp.content.iter_any():
+                content = resp.content
+                while chunk := await content.readany():  # b"" at the end; no async-iterator layer
                     if first:
                         first = False
                         self.metrics.observe_ttfb(model, time.perf_counter() - t0)
