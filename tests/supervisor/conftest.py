@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import sys
 import time
 import uuid
@@ -20,15 +19,11 @@ from typing import Any
 
 import pytest
 
+from tests.support.procs import free_port
+
 REPO = Path(__file__).resolve().parents[2]
 FAKE_VLLM = str(REPO / "tests" / "fakes" / "fake_vllm.py")
 TOKEN_VAR = "FLEET_TEST_TOKEN"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def pids_with_token(token: str) -> list[int]:

@@ -24,7 +24,6 @@ import contextlib
 import importlib.util
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -35,6 +34,8 @@ from pathlib import Path
 from types import TracebackType
 
 import pytest
+
+from tests.support.procs import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY_MODEL_DIR = ROOT / ".fleet" / "tiny-model"
@@ -52,12 +53,6 @@ CPU_VLLM_ENV: dict[str, str] = {
     "DO_NOT_TRACK": "1",
 }
 STARTUP_TIMEOUT_S = 300.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def vllm_cpu_available() -> bool:
