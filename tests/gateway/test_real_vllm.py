@@ -13,6 +13,7 @@ import openai
 import pytest
 
 from tests.support.procs import Gateway
+from tests.support.real_vllm import MAX_MODEL_LEN
 
 if TYPE_CHECKING:
     from tests.support.real_vllm import RealVllm
@@ -38,7 +39,7 @@ def client(gw: Gateway) -> openai.OpenAI:
 def test_models_discovered_from_vllm(client: openai.OpenAI) -> None:
     models = client.models.list().data
     assert [m.id for m in models] == ["tiny-a"]
-    assert models[0].model_extra and models[0].model_extra.get("max_model_len") == 2048  # vLLM's own card
+    assert models[0].model_extra and models[0].model_extra.get("max_model_len") == MAX_MODEL_LEN  # vLLM's card
 
 
 def test_chat(client: openai.OpenAI) -> None:

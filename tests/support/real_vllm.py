@@ -42,14 +42,18 @@ TINY_MODEL_DIR = ROOT / ".fleet" / "tiny-model"
 LOG_DIR = ROOT / ".fleet" / "test-logs"
 
 # --enforce-eager skips torch.compile: engine init drops from ~32 s (cold compile cache) to ~3 s.
-# --max-model-len keeps the KV cache request-sized whatever the model config says.
-CPU_VLLM_ARGS: tuple[str, ...] = ("--max-model-len", "2048", "--enforce-eager")
+# --max-model-len: longer than the model's 2048 positions (VLLM_ALLOW_LONG_MAX_MODEL_LEN), because
+# the tiny model makes thousands of tokens a second: a request meant to still be running when a
+# test looks (the disconnect tests) needs tens of thousands of tokens to ask for.
+MAX_MODEL_LEN = 32768
+CPU_VLLM_ARGS: tuple[str, ...] = ("--max-model-len", str(MAX_MODEL_LEN), "--enforce-eager")
 CPU_VLLM_ENV: dict[str, str] = {
     "HF_HUB_OFFLINE": "1",
     "TRANSFORMERS_OFFLINE": "1",
     "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB
     "CUDA_VISIBLE_DEVICES": "",
     "VLLM_NO_USAGE_STATS": "1",
+    "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1",
     "DO_NOT_TRACK": "1",
 }
 STARTUP_TIMEOUT_S = 300.0
