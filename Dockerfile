@@ -24,6 +24,7 @@ COPY pyproject.toml README.md ./
 COPY gateway ./gateway
 COPY fleet_supervisor ./fleet_supervisor
 COPY fleetspec ./fleetspec
+COPY fleet_planner ./fleet_planner
 COPY vllm_fleet ./vllm_fleet
 # Every package vLLM brought is frozen as a constraint, so this install adds what is missing
 # (e.g. pydantic-settings, tenacity) and can never up- or downgrade anything vLLM depends on.
@@ -64,6 +65,7 @@ COPY pyproject.toml README.md ./
 COPY gateway ./gateway
 COPY fleet_supervisor ./fleet_supervisor
 COPY fleetspec ./fleetspec
+COPY fleet_planner ./fleet_planner
 COPY vllm_fleet ./vllm_fleet
 # The package's own dependencies are light (FastAPI, uvicorn, aiohttp, ...); no vLLM, no torch.
 RUN python3 -m pip install . \

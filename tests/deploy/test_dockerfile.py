@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import tomllib
 
 from tests.deploy.tools import REPO, tool
 
@@ -54,3 +55,14 @@ def test_targets() -> None:
     # The gateway image is the package alone: no engine extra.
     assert "pip install . " in s["gateway"] and "[gpu]" not in s["gateway"] and "[cpu]" not in s["gateway"]
     assert re.search(r"^ARG PYTHON_IMAGE=python:3\.11-slim", DOCKERFILE.read_text(), re.M)
+
+
+def test_every_stage_copies_every_package_the_distribution_ships() -> None:
+    # A package left out of the image installs fine and fails only when its command runs.
+    include = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
+    packages = {p.rstrip("*") for p in include}
+    for name, body in stages().items():
+        if "pip install" not in body and "pip\" install" not in body and "install --constraint" not in body:
+            continue
+        copied = set(re.findall(r"^COPY\s+(\w+)\s+\./\1\s*$", body, re.M))
+        assert packages <= copied, f"stage {name} misses {sorted(packages - copied)}"
