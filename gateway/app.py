@@ -28,7 +28,7 @@ from gateway.pool import BackendPool
 from gateway.proxy import Proxy
 from gateway.settings import GatewaySettings
 
-PROXIED = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/{path}")
+PROXIED = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
 
 
 def _envelope(status: int, message: str, type_: str, code: str | int | None,
@@ -100,9 +100,11 @@ class FleetGateway:
         async def metrics() -> Response:
             return Response(self.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
+        summary = "Routed by `model` to a healthy replica; SSE relayed chunk by chunk"
         for path in PROXIED:
-            api.add_api_route(path, _documented_only, methods=["POST"], include_in_schema=True,
-                              summary="Routed by `model` to a healthy replica; SSE relayed chunk by chunk")
+            api.add_api_route(path, _documented_only, methods=["POST"], summary=summary)
+        api.add_api_route("/v1/{path:path}", _documented_any, methods=["POST"],
+                          summary="Any other POST /v1/* that carries `model`: " + summary)
 
         @api.exception_handler(HTTPException)
         async def http_error(_: Request, exc: HTTPException) -> Response:
@@ -123,3 +125,8 @@ class FleetGateway:
 async def _documented_only() -> JSONResponse:  # pragma: no cover - FleetGateway answers first
     """The proxy serves these before FastAPI sees them; the route exists for the OpenAPI schema."""
     return JSONResponse({}, 500)
+
+
+async def _documented_any(path: str) -> JSONResponse:  # pragma: no cover - FleetGateway answers first
+    """As ``_documented_only``, for the catch-all, whose path parameter the schema must declare."""
+    return JSONResponse({"path": path}, 500)

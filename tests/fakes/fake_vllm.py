@@ -9,7 +9,10 @@ Process flags: --fake-startup-delay S (listen only after S seconds), --fake-cras
 the parent, like vLLM's EngineCore), --fake-never-healthy.
 HTTP knobs (flags or /_fake/config): latency (s before response headers), token_delay (s between
 SSE events), tokens, status (answer every POST with this status), hang (never answer a POST),
-health_status, drop_after (close the connection after N SSE events).
+health_status, drop_after (close the connection after N SSE events), validate (check the request
+fields as vLLM does and answer 400 for a bad one: ``max_tokens`` an integer in [1, 2048], ``n`` an
+integer in [1, 16], ``stream`` a boolean; ``fake_latency`` is then ignored, so fuzzed bodies can
+neither stall nor flood the fake).
 Per request: a body field ``fake_latency`` (s) replaces the latency knob for that request only, so
 one test can hold some requests open while others pass. ``POST /v1/echo_body`` answers with the
 exact bytes it received.
@@ -30,7 +33,7 @@ from aiohttp import web
 
 KNOBS: dict[str, Any] = {
     "latency": 0.0, "token_delay": 0.0, "tokens": 8, "status": 200, "hang": False,
-    "health_status": 200, "drop_after": -1,
+    "health_status": 200, "drop_after": -1, "validate": False,
 }
 STATS = {"requests_total": 0, "in_flight": 0, "cancelled": 0, "completed": 0}
 
@@ -60,6 +63,17 @@ def _args(argv: list[str]) -> argparse.Namespace:
 def _error(status: int, message: str) -> web.Response:
     body = {"error": {"message": message, "type": "fake_error", "param": None, "code": status}}
     return web.json_response(body, status=status)
+
+
+def _invalid(body: dict[str, Any]) -> str | None:
+    """What vLLM's request validation would reject in the fields the fake reads, or None."""
+    for field, top in (("max_tokens", 2048), ("n", 16)):
+        value = body.get(field)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= top):
+            return f"{field} must be an integer in [1, {top}]"
+    if not isinstance(body.get("stream", False), bool):
+        return "stream must be a boolean"
+    return None
 
 
 class Fake:
@@ -113,8 +127,15 @@ class Fake:
             body = json.loads(raw)
         except ValueError:
             return _error(400, "bad json")
+        if KNOBS["validate"] and not isinstance(body, dict):
+            return _error(400, "body must be a JSON object")
         if body.get("model") not in self.models:
             return _error(404, f"The model `{body.get('model')}` does not exist.")
+        if KNOBS["validate"]:
+            problem = _invalid(body)
+            if problem:
+                return _error(400, problem)
+            body.pop("fake_latency", None)
         if KNOBS["hang"]:
             await asyncio.sleep(3600)
         latency = body.get("fake_latency", KNOBS["latency"])
