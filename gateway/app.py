@@ -85,7 +85,7 @@ class FleetGateway:
             if healthy:
                 return {"status": "ready", "healthy_backends": healthy, "backends": len(pool.backends)}
             return _envelope(503, "no healthy backend", errors.UNAVAILABLE, "no_healthy_backend",
-                             {"Retry-After": str(max(1, round(self.settings.health_interval_s)))})
+                             {"Retry-After": self.settings.retry_after})
 
         @api.get("/v1/models", summary="Union of the models served by healthy backends")
         async def models() -> dict[str, Any]:

@@ -143,7 +143,7 @@ class Proxy:
         await errors.send_error(send, status, message, type_, code, param, headers)
 
     def _retry_after(self) -> list[tuple[bytes, bytes]]:
-        return [(b"retry-after", str(max(1, round(self.settings.health_interval_s))).encode())]
+        return [(b"retry-after", self.settings.retry_after.encode())]
 
     async def _reject(self, send: Send, flight: Flight, e: BadRequest, model_label: str) -> None:
         headers = self._retry_after() if e.status == 503 else None

@@ -71,6 +71,11 @@ class GatewaySettings(BaseSettings):
         # init kwargs carry the config file's values; the environment must win over them.
         return env_settings, init_settings
 
+    @property
+    def retry_after(self) -> str:
+        """Retry-After of a 503: about one probe interval, the soonest a backend can come back."""
+        return str(max(1, round(self.health_interval_s)))
+
     def keys(self) -> tuple[bytes, ...]:
         """Every accepted client key, as bytes for constant-time comparison."""
         found = [k.strip() for k in self.api_keys.split(",")]
