@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.procs import free_port
+from tests.support.procs import free_port, live_pids
 
 REPO = Path(__file__).resolve().parents[2]
 FAKE_VLLM = str(REPO / "tests" / "fakes" / "fake_vllm.py")
@@ -30,18 +30,14 @@ def pids_with_token(token: str) -> list[int]:
     """Live processes (not zombies) whose environment carries ``token``."""
     needle = f"{TOKEN_VAR}={token}".encode()
     found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
+    for pid in live_pids():
         try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
+            with open(f"/proc/{pid}/environ", "rb") as f:
                 env = f.read()
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                state = f.read().rsplit(b")", 1)[1].split()[0]
         except OSError:
             continue
-        if needle in env.split(b"\0") and state != b"Z":
-            found.append(int(entry))
+        if needle in env.split(b"\0"):
+            found.append(pid)
     return found
 
 
@@ -50,15 +46,6 @@ def pgid_of(pid: int) -> int | None:
         return os.getpgid(pid)
     except ProcessLookupError:
         return None
-
-
-def pid_alive(pid: int) -> bool:
-    """True for a live process; False once it is gone or only a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except OSError:
-        return False
 
 
 def group_alive(pgid: int) -> bool:

@@ -21,7 +21,8 @@ from fleet_supervisor.metrics import FleetMetrics
 from fleet_supervisor.process import become_subreaper
 from fleet_supervisor.state import State
 from fleetspec.fleetfile import parse_fleet
-from tests.supervisor.conftest import Reaper, fleet_doc, group_alive, pid_alive
+from tests.supervisor.conftest import Reaper, fleet_doc, group_alive
+from tests.support.procs import pid_alive
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -24,6 +24,37 @@ ROOT = Path(__file__).resolve().parents[2]
 FAKE_VLLM = ROOT / "tests" / "fakes" / "fake_vllm.py"
 
 
+def stat_fields(pid: int | str) -> list[bytes] | None:
+    """/proc/PID/stat after "(comm)": [state, ppid, pgrp, ...]; None once the process is gone.
+    (comm may hold spaces and parentheses, hence the split on the last ')'.)"""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()
+    except OSError:
+        return None
+
+
+def pid_alive(pid: int) -> bool:
+    """True for a live process; False once it is gone or only a zombie."""
+    fields = stat_fields(pid)
+    return fields is not None and fields[0] != b"Z"
+
+
+def live_pids() -> list[int]:
+    """Every live (non-zombie) process, from /proc."""
+    return [int(e) for e in os.listdir("/proc") if e.isdigit() and pid_alive(int(e))]
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) processes in process group ``pgid``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        fields = stat_fields(entry) if entry.isdigit() else None
+        if fields is not None and fields[0] != b"Z" and int(fields[2]) == pgid:
+            found.append(int(entry))
+    return found
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -35,7 +35,7 @@ from types import TracebackType
 
 import pytest
 
-from tests.support.procs import free_port
+from tests.support.procs import free_port, group_members
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY_MODEL_DIR = ROOT / ".fleet" / "tiny-model"
@@ -62,23 +62,6 @@ STARTUP_TIMEOUT_S = 300.0
 def vllm_cpu_available() -> bool:
     """Whether vLLM is importable here (checked without importing it: that takes seconds)."""
     return importlib.util.find_spec("vllm") is not None
-
-
-def group_members(pgid: int) -> list[int]:
-    """Live (non-zombie) processes in process group ``pgid``, read from /proc."""
-    members = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                # "pid (comm) state ppid pgrp ..."; comm may hold spaces and parentheses.
-                fields = f.read().rsplit(b")", 1)[1].split()
-        except OSError:
-            continue
-        if fields[0] != b"Z" and int(fields[2]) == pgid:
-            members.append(int(entry))
-    return members
 
 
 class RealVllm:
