@@ -6,6 +6,7 @@ Everything here is pure (no processes, no I/O) so ``vllm-fleet check`` can print
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from collections.abc import Mapping
@@ -118,6 +119,13 @@ def gateway_spec(fleet: FleetFile, config_path: Path, base_env: Mapping[str, str
     template = fleet.gateway_command or DEFAULT_GATEWAY_COMMAND
     argv = [part.replace("{config}", str(config_path)) for part in resolve_python(template)]
     overrides = {k: v for k, v in (("FLEET_HOST", host), ("FLEET_PORT", str(port))) if base.get(k) != v}
+    # The file's routing reaches the gateway (which reads infernet.json) as variables; a variable
+    # the user set wins, as everywhere else.
+    g = fleet.gateway
+    if "routing_policy" in g.model_fields_set and "FLEET_ROUTING_POLICY" not in base:
+        overrides["FLEET_ROUTING_POLICY"] = g.routing_policy.value
+    if g.routing_policies and "FLEET_ROUTING_POLICIES" not in base:
+        overrides["FLEET_ROUTING_POLICIES"] = json.dumps(g.routing_policies)
     return LaunchSpec(
         name=GATEWAY_CHILD,
         argv=argv,

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from fleetspec.documents import load_document
 from fleetspec.errors import ConfigError, from_validation_error
+from fleetspec.policies import Policy
 from fleetspec.tiers import VramTier
 
 DEFAULT_VLLM_COMMAND = ["python", "-m", "vllm.entrypoints.openai.api_server"]
@@ -28,6 +29,9 @@ class _Strict(BaseModel):
 class GatewaySection(_Strict):
     host: str = "0.0.0.0"
     port: int = Field(8080, ge=1, le=65535)
+    # The gateway's routing policy for every model, and per served name (gateway/routing.py).
+    routing_policy: Policy = Policy.LEAST_IN_FLIGHT
+    routing_policies: dict[str, Policy] = Field(default_factory=dict)
 
 
 class SupervisorSection(_Strict):
@@ -153,6 +157,11 @@ def check_fleet(fleet: FleetFile) -> list[str]:
                 f"pipeline_parallel_size ({inst.pipeline_parallel_size}) must equal the number of gpus "
                 f"({len(inst.gpus)})"
             )
+    served = {n for inst in fleet.instances for n in inst.names}
+    for name in fleet.gateway.routing_policies:
+        if name not in served:
+            problems.append(f"gateway.routing_policies.{name}: no instance serves a model of that name "
+                            f"(served: {', '.join(sorted(served))})")
     ports: dict[int, str] = {fleet.gateway.port: "gateway.port"}
     for i, inst in enumerate(fleet.instances):
         if inst.port is None:

@@ -23,9 +23,11 @@ from gateway.backend import Backend
 from gateway.ejection import Ejector
 from gateway.health import HealthChecker
 from gateway.limiter import Limiter
+from gateway.loadscrape import STALE_INTERVALS, LoadScraper
 from gateway.metrics import GatewayMetrics
 from gateway.pool import BackendPool
 from gateway.proxy import Proxy
+from gateway.routing import Router
 from gateway.settings import GatewaySettings
 
 PROXIED = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
@@ -42,7 +44,10 @@ class FleetGateway:
     def __init__(self, settings: GatewaySettings, backends: list[BackendSpec], node_tier: VramTier | None) -> None:
         self.settings = settings
         self.metrics = GatewayMetrics()
-        self.pool = BackendPool([Backend.from_spec(s) for s in backends], node_tier)
+        self.pool = BackendPool([Backend.from_spec(s) for s in backends], node_tier, self._router_for,
+                                self.metrics.decision)
+        self.scraper = LoadScraper(self.pool.backends, settings.load_scrape_interval_s, settings.health_timeout_s,
+                                   settings.upstream_api_key) if settings.scrapes_load else None
         self.limiter = Limiter(self.pool, settings, self.metrics)
         self.health = HealthChecker(self.pool, settings, self.metrics, on_rotation=self.limiter.wake)
         self.proxy = Proxy(self.pool, settings, self.metrics, self.limiter, Ejector(self.pool, settings, self.metrics))
@@ -61,14 +66,23 @@ class FleetGateway:
                 return
         await self.api(scope, receive, send)
 
+    def _router_for(self, model: str) -> Router:
+        s = self.settings
+        return Router(s.policy_of(model), s.affinity_load_factor, s.prefix_index_blocks,
+                      s.load_scrape_interval_s * STALE_INTERVALS)
+
     def _build_api(self) -> FastAPI:
         @asynccontextmanager
         async def lifespan(_: FastAPI) -> AsyncIterator[None]:
             await self.proxy.start()
             await self.health.start()
+            if self.scraper is not None:
+                await self.scraper.start()
             try:
                 yield
             finally:
+                if self.scraper is not None:
+                    await self.scraper.stop()
                 await self.health.stop()
                 await self.proxy.stop()
 
@@ -94,7 +108,8 @@ class FleetGateway:
         @api.get("/fleet", summary="Node VRAM tier and the state of every backend")
         async def fleet() -> dict[str, Any]:
             return {"vram_tier": pool.node_tier().value, "ready": pool.ready(),
-                    "models": pool.served_models(), "backends": [b.describe() for b in pool.backends]}
+                    "models": pool.served_models(), "backends": [b.describe() for b in pool.backends],
+                    "routing": {m: r.describe() for m, r in sorted(pool.routers.items())}}
 
         @api.get("/metrics", summary="Prometheus metrics")
         async def metrics() -> Response:

@@ -15,10 +15,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fleetspec.infernet import BackendSpec
 from fleetspec.tiers import VramTier
+
+if TYPE_CHECKING:
+    from gateway.loadscrape import UpstreamLoad
 
 UNKNOWN = "unknown"
 HEALTHY = "healthy"
@@ -43,6 +46,7 @@ class Backend:
     request_failures: int = 0  # failed requests in a row (passive check); any good answer resets it
     ejections: int = 0  # ejections in a row: the exponent of the next ejection period
     ejected_until: float = 0.0  # wall clock
+    load: UpstreamLoad | None = None  # the last scrape of its /metrics (load-aware routing only)
 
     @classmethod
     def from_spec(cls, spec: BackendSpec) -> Backend:
@@ -88,4 +92,9 @@ class Backend:
             "consecutive_failures": self.fail_streak, "last_error": self.last_error,
             "since": self.last_change, "request_failures": self.request_failures,
             "ejected_until": self.ejected_until if self.state == EJECTED else None,
+            "load": None if self.load is None else {
+                "running": self.load.running, "waiting": self.load.waiting, "kv_cache_usage": self.load.kv_usage,
+                "prefix_cache_hit_rate": (self.load.prefix_hits / self.load.prefix_queries
+                                          if self.load.prefix_queries else None),
+                "age_s": round(time.monotonic() - self.load.at, 3)},
         }

@@ -15,7 +15,7 @@ from typing import Any
 
 import aiohttp
 
-from gateway.backend import HEALTHY, Backend
+from gateway.backend import HEALTHY, UNHEALTHY, Backend
 from gateway.metrics import GatewayMetrics
 from gateway.pool import BackendPool
 from gateway.settings import GatewaySettings
@@ -58,6 +58,8 @@ class HealthChecker:
                     b.name, b.url, b.state, f": {error}" if error else "")
             if b.state == HEALTHY:
                 await self._discover(b)
+            elif b.state == UNHEALTHY:
+                self.pool.forget(b)  # it may have restarted: whatever it had cached is gone
             self.metrics.healthy.labels(b.name).set(1 if b.healthy else 0)
             if b.healthy and self.on_rotation is not None:
                 self.on_rotation(b)

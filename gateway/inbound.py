@@ -9,6 +9,7 @@ import itertools
 import json
 import os
 import re
+from typing import Any
 
 from starlette.types import Receive, Scope
 
@@ -76,9 +77,10 @@ async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-def model_of(body: bytes, max_tokens_cap: int | None = None, n_cap: int | None = None) -> str:
-    """The ``model`` field, after checking the caps on the same parse (the one JSON parse per
-    request); the body itself is forwarded as received, never re-encoded."""
+def model_of(body: bytes, max_tokens_cap: int | None = None,
+             n_cap: int | None = None) -> tuple[str, dict[str, Any]]:
+    """The ``model`` field and the parsed document, after checking the caps on the same parse (the
+    one JSON parse per request); the body itself is forwarded as received, never re-encoded."""
     try:
         doc = json.loads(body)
     except (ValueError, UnicodeDecodeError) as e:
@@ -93,7 +95,7 @@ def model_of(body: bytes, max_tokens_cap: int | None = None, n_cap: int | None =
         _cap(doc, "max_completion_tokens", max_tokens_cap)
     if n_cap is not None:
         _cap(doc, "n", n_cap)
-    return model
+    return model, doc
 
 
 def _cap(doc: dict[str, object], field: str, cap: int) -> None:
@@ -101,6 +103,15 @@ def _cap(doc: dict[str, object], field: str, cap: int) -> None:
     value = doc.get(field)
     if isinstance(value, int | float) and not isinstance(value, bool) and value > cap:
         raise BadRequest(400, f"{field} is {value}; this gateway allows at most {cap}", "value_above_limit", field)
+
+
+def header(scope: Scope, name: bytes) -> str | None:
+    """The first value of header ``name`` (lower case), or None."""
+    for k, v in scope["headers"]:
+        if k == name:
+            value: bytes = v
+            return value.decode("latin-1")
+    return None
 
 
 class RequestIds:

@@ -1,7 +1,8 @@
 """Backpressure: a concurrency limit per backend, a bounded FIFO per model, a cap on the gateway.
 
-A request takes a slot on the least-loaded replica in rotation (BackendPool.pick). When even that
-one is at ``backend_max_concurrency``, every replica is, and the request waits in its model's FIFO,
+A request takes a slot on the replica its model's policy chooses (BackendPool.pick); when that one
+is at ``backend_max_concurrency``, on the least-loaded other replica with a free slot. When every
+replica is full, the request waits in its model's FIFO,
 which holds ``backend_queue`` places per replica of the model. A slot freed by a finishing request
 goes straight to the oldest waiter that may use that backend (a retry may not reuse a replica it
 tried), so nobody arriving later overtakes the queue. A full queue answers 429 at once, a wait
@@ -22,6 +23,7 @@ from collections.abc import Sequence
 from gateway.backend import Backend
 from gateway.metrics import GatewayMetrics
 from gateway.pool import BackendPool
+from gateway.routing import Hint
 from gateway.settings import GatewaySettings
 
 QUEUE_FULL = "queue_full"
@@ -68,17 +70,22 @@ class Limiter:
     def leave(self) -> None:
         self.in_flight -= 1
 
-    async def acquire(self, model: str, exclude: Sequence[Backend], deadline: float) -> Backend | None:
+    async def acquire(self, model: str, exclude: Sequence[Backend], deadline: float,
+                      hint: Hint | None = None) -> Backend | None:
         """A replica of ``model`` with its slot taken, or None when none is in rotation.
 
-        Waits (FIFO, until ``deadline`` in loop time or the queue timeout) while all are full."""
-        b = self.pool.pick(model, exclude)
+        Waits (FIFO, until ``deadline`` in loop time or the queue timeout) while the chosen one is
+        full; a queued request takes the first slot freed on any replica it may use."""
+        b = self.pool.pick(model, exclude, hint)
         if b is None:
             return None
-        if not self.limit or b.in_flight < self.limit:
-            self._take(b)
-            return b
-        return await self._wait(model, exclude, deadline)
+        if self.limit and b.in_flight >= self.limit:
+            # A policy other than least-in-flight may choose a full replica while another has room.
+            b = self.pool.least_busy(model, exclude, self.limit)
+            if b is None:
+                return await self._wait(model, exclude, deadline)
+        self._take(b)
+        return b
 
     def release(self, b: Backend) -> None:
         b.in_flight -= 1
@@ -117,7 +124,7 @@ class Limiter:
                     self.release(w.fut.result())
                 raise
         except TimeoutError:
-            if self.pool.pick(model, exclude) is None:
+            if not self.pool.has_other(model, exclude):
                 return None  # nothing left in rotation: the caller answers 503, not "busy"
             raise Rejected(QUEUE_TIMEOUT, f"no replica of '{model}' became free within "
                            f"{self.queue_timeout_s}s") from None

@@ -44,16 +44,27 @@ class GatewayMetrics:
                                 ["reason"], registry=r)
         self.queue_depth = Gauge("fleet_queue_depth", "Requests waiting for a free replica of the model",
                                  ["model"], registry=r)
+        self.routing = Counter("fleet_routing_decisions_total",
+                               "Replica choices by model, policy and reason: balanced, prefix_match, prefix_miss, "
+                               "session, affinity_overloaded", ["model", "policy", "reason"], registry=r)
         self._req: dict[tuple[str, str, str], Counter] = {}
         self._dur: dict[str, Histogram] = {}
         self._ttfb: dict[str, Histogram] = {}
         self._in_flight: dict[str, Gauge] = {}
+        self._routing: dict[tuple[str, str, str], Counter] = {}
 
     def count(self, model: str, backend: str, code: int | str) -> None:
         key = (model, backend, str(code))
         child = self._req.get(key)
         if child is None:
             child = self._req[key] = self.requests.labels(*key)
+        child.inc()
+
+    def decision(self, model: str, policy: str, reason: str) -> None:
+        key = (model, policy, reason)
+        child = self._routing.get(key)
+        if child is None:
+            child = self._routing[key] = self.routing.labels(*key)
         child.inc()
 
     def observe_duration(self, model: str, seconds: float) -> None:

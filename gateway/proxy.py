@@ -38,6 +38,7 @@ from gateway.inbound import (
     ClientGone,
     Flight,
     RequestIds,
+    header,
     model_of,
     read_body,
     upstream_headers,
@@ -46,6 +47,7 @@ from gateway.limiter import Limiter, Rejected
 from gateway.metrics import NO_BACKEND, UNKNOWN_MODEL, GatewayMetrics
 from gateway.pool import BackendPool
 from gateway.retry import RetryPolicy
+from gateway.routing import Hint, hint_for
 from gateway.settings import GatewaySettings
 from gateway.upstream import UrlCache, open_session
 
@@ -75,6 +77,7 @@ class Proxy:
         self._total_s = settings.total_timeout_s or math.inf
         self._ids = RequestIds()
         self._urls = UrlCache()
+        self._affinity_header = settings.affinity_header.lower().encode("latin-1")
 
     async def start(self) -> None:
         self.session = open_session(self.settings)
@@ -100,9 +103,10 @@ class Proxy:
             if not SAFE_PATH.match(scope["path"]):
                 raise BadRequest(404, f"no route for POST {scope['path']}", "not_found")
             body = await read_body(scope, receive, s.max_body_bytes)
-            model = model_of(body, s.max_tokens_cap, s.max_n_cap)
+            model, doc = model_of(body, s.max_tokens_cap, s.max_n_cap)
             if self.pool.knows(model):
                 model_label = model
+                hint = hint_for(doc, header(scope, self._affinity_header)) if self.pool.affine(model) else None
             elif self.pool.discovering:
                 raise BadRequest(503, f"model '{model}' is not known yet: backends are still being discovered",
                                  "no_healthy_backend", "model")
@@ -124,7 +128,7 @@ class Proxy:
         assert task is not None
         watcher = asyncio.ensure_future(flight.watch(receive, task))
         try:
-            await self._forward(scope, send, body, model, t0, flight)
+            await self._forward(scope, send, body, model, hint, t0, flight)
         except asyncio.CancelledError:
             if not flight.gone:
                 raise  # server shutdown, not the client: let it propagate
@@ -169,7 +173,8 @@ class Proxy:
             log.exception("could not report an internal error to the client")
         self.metrics.count(model_label, NO_BACKEND, 500)
 
-    async def _forward(self, scope: Scope, send: Send, body: bytes, model: str, t0: float, flight: Flight) -> None:
+    async def _forward(self, scope: Scope, send: Send, body: bytes, model: str, hint: Hint | None, t0: float,
+                       flight: Flight) -> None:
         assert self.session is not None
         headers, request_id = upstream_headers(scope, self._drop_auth, self.settings.upstream_api_key, self._ids)
         target = scope["path"] + ("?" + scope["query_string"].decode("latin-1") if scope["query_string"] else "")
@@ -185,7 +190,7 @@ class Proxy:
         while pause is not None:
             if pause:
                 await asyncio.sleep(pause)
-            backend = await self.limiter.acquire(model, tried, retry_end if tried else deadline)
+            backend = await self.limiter.acquire(model, tried, retry_end if tried else deadline, hint)
             if backend is None:
                 break
             if tried:
@@ -217,7 +222,7 @@ class Proxy:
                 backend.request_failures = 0
             if resp.status == 503:
                 pause = self.retry.backoff(len(tried), loop.time() - start)
-                if pause is not None and self.pool.pick(model, tried) is not None:
+                if pause is not None and self.pool.has_other(model, tried):
                     last_failure = f"{backend.name} answered 503"
                     resp.close()
                     self.limiter.release(backend)

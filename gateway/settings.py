@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from fleetspec.errors import ConfigError, key_path
+from fleetspec.policies import Policy
+from gateway.routing import SCRAPING
 
 
 class GatewaySettings(BaseSettings):
@@ -56,6 +60,18 @@ class GatewaySettings(BaseSettings):
     max_tokens_cap: int | None = Field(None, ge=1)
     max_n_cap: int | None = Field(None, ge=1)
 
+    # Routing (gateway/routing.py): the policy of every model, and per-model exceptions
+    # ({"model": "prefix_aware"}; as a variable, JSON).
+    routing_policy: Policy = Policy.LEAST_IN_FLIGHT
+    routing_policies: dict[str, Policy] = Field(default_factory=dict)
+    # Load-aware and prefix-aware read each backend's /metrics this often.
+    load_scrape_interval_s: float = Field(1.0, gt=0)
+    # Prefix-aware: the header naming a session (else the body's "user"); how far above the average
+    # load an affinity replica may be and still be chosen; how many prompt blocks each model remembers.
+    affinity_header: str = "x-session-id"
+    affinity_load_factor: float = Field(1.25, ge=1.0)
+    prefix_index_blocks: int = Field(200_000, ge=1)
+
     log_level: str = "info"
     access_log: bool = False
 
@@ -76,6 +92,14 @@ class GatewaySettings(BaseSettings):
         """Retry-After of a 503: about one probe interval, the soonest a backend can come back."""
         return str(max(1, round(self.health_interval_s)))
 
+    def policy_of(self, model: str) -> Policy:
+        return self.routing_policies.get(model, self.routing_policy)
+
+    @property
+    def scrapes_load(self) -> bool:
+        """Some model's policy reads the backends' /metrics."""
+        return any(p in SCRAPING for p in (self.routing_policy, *self.routing_policies.values()))
+
     def keys(self) -> tuple[bytes, ...]:
         """Every accepted client key, as bytes for constant-time comparison."""
         found = [k.strip() for k in self.api_keys.split(",")]
@@ -86,4 +110,14 @@ class GatewaySettings(BaseSettings):
 
 
 def load_settings(file_values: dict[str, Any]) -> GatewaySettings:
-    return GatewaySettings(**file_values)
+    """Settings from the file's values and the environment; a bad value is a ConfigError (exit 2)
+    naming the variable and the file key it could have come from."""
+    try:
+        return GatewaySettings(**file_values)
+    except ValidationError as e:
+        lines = []
+        for err in e.errors():
+            key = key_path(err["loc"])
+            top = str(err["loc"][0]) if err["loc"] else key
+            lines.append(f"  FLEET_{top.upper()} (gateway.{key}): {err['msg']}")
+        raise ConfigError("invalid gateway settings\n" + "\n".join(lines)) from e

@@ -9,7 +9,8 @@ Process flags: --fake-startup-delay S (listen only after S seconds), --fake-cras
 the parent, like vLLM's EngineCore), --fake-never-healthy.
 HTTP knobs (flags or /_fake/config): latency (s before response headers), token_delay (s between
 SSE events), tokens, status (answer every POST with this status), hang (never answer a POST),
-health_status, drop_after (close the connection after N SSE events), validate (check the request
+health_status, drop_after (close the connection after N SSE events), load_running / load_waiting / load_kv (added to
+what /metrics reports, as if other clients used the server), validate (check the request
 fields as vLLM does and answer 400 for a bad one: ``max_tokens`` an integer in [1, 2048], ``n`` an
 integer in [1, 16], ``stream`` a boolean; ``fake_latency`` is then ignored, so fuzzed bodies can
 neither stall nor flood the fake).
@@ -34,6 +35,7 @@ from aiohttp import web
 KNOBS: dict[str, Any] = {
     "latency": 0.0, "token_delay": 0.0, "tokens": 8, "status": 200, "hang": False,
     "health_status": 200, "drop_after": -1, "validate": False,
+    "load_running": 0, "load_waiting": 0, "load_kv": 0.0,
 }
 STATS = {"requests_total": 0, "in_flight": 0, "cancelled": 0, "completed": 0}
 
@@ -91,9 +93,9 @@ class Fake:
 
     async def metrics(self, _: web.Request) -> web.Response:
         text = (
-            f'vllm:num_requests_running{{model_name="{self.models[0]}"}} {STATS["in_flight"]}\n'
-            f'vllm:num_requests_waiting{{model_name="{self.models[0]}"}} 0\n'
-            f'vllm:kv_cache_usage_perc{{model_name="{self.models[0]}"}} 0.0\n'
+            f'vllm:num_requests_running{{model_name="{self.models[0]}"}} {STATS["in_flight"] + KNOBS["load_running"]}\n'
+            f'vllm:num_requests_waiting{{model_name="{self.models[0]}"}} {KNOBS["load_waiting"]}\n'
+            f'vllm:kv_cache_usage_perc{{model_name="{self.models[0]}"}} {KNOBS["load_kv"]}\n'
         )
         return web.Response(text=text, content_type="text/plain")
 

@@ -75,6 +75,26 @@ def test_env_overrides_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     assert (s.port, s.health_failures) == (9100, 7)
 
 
+def test_routing_policies_from_file_and_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    p = _write(tmp_path, "fleet.yaml", "gateway: {routing_policy: load_aware, routing_policies: {m: prefix_aware}}\n"
+               "instances: [{name: a, model: m, device: cpu}, {name: b, model: n, device: cpu}]\n")
+    s = build(str(p)).settings
+    assert (s.policy_of("m"), s.policy_of("n"), s.scrapes_load) == ("prefix_aware", "load_aware", True)
+    monkeypatch.setenv("FLEET_ROUTING_POLICY", "round_robin")
+    monkeypatch.setenv("FLEET_ROUTING_POLICIES", '{"m": "least_in_flight"}')  # merged per model with the file's
+    s = build(str(p)).settings
+    assert (s.policy_of("m"), s.policy_of("n"), s.scrapes_load) == ("least_in_flight", "round_robin", False)
+
+
+def test_bad_setting_variable_exits_2_naming_it(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    path = _write(tmp_path, "ok.json", {"backend": "vllm", "vllm_host": "http://x:1"})
+    monkeypatch.setenv("FLEET_ROUTING_POLICIES", '{"m": "fastest"}')
+    assert cli(["gateway", "-c", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "FLEET_ROUTING_POLICIES (gateway.routing_policies.m)" in err and "Traceback" not in err, err
+
+
 @pytest.mark.parametrize(("doc", "key"), [
     ({"backend": "vllm"}, "needs either vllm_host or a non-empty vllm_instances"),
     ({"backend": "vllm", "vllm_host": "localhost:8000"}, "vllm_host"),
@@ -92,6 +112,10 @@ def test_env_overrides_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
      "instances[1] (b).gpus"),
     ({"instances": [{"name": "a", "model": "m", "gpuz": [0]}]}, "instances[0].gpuz"),
     ({"instances": [{"name": "a", "model": "m", "device": "cpu", "port": 8080}]}, "instances[0] (a).port"),
+    ({"gateway": {"routing_policy": "random"}, "instances": [{"name": "a", "model": "m", "device": "cpu"}]},
+     "gateway.routing_policy"),
+    ({"gateway": {"routing_policies": {"n": "prefix_aware"}},
+      "instances": [{"name": "a", "model": "m", "device": "cpu"}]}, "gateway.routing_policies.n"),
     ("not: [valid", "not valid YAML"),
 ])
 def test_bad_config_exits_2_naming_the_key(tmp_path: Path, capsys: pytest.CaptureFixture[str], doc: Any,

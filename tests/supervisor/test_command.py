@@ -65,6 +65,11 @@ def test_gateway_spec_env_and_config_path() -> None:
     # What the user exported wins, and the probe follows it.
     user = gateway_spec(f, Path("/x.json"), base_env={"FLEET_PORT": "7070"})
     assert user.env["FLEET_PORT"] == "7070" and user.health_url.endswith(":7070/health")
+    assert "FLEET_ROUTING_POLICY" not in spec.env  # unset in the file: the gateway's default applies
+    routed = fleet(gateway={"routing_policy": "load_aware", "routing_policies": {"tiny": "prefix_aware"}})
+    env = gateway_spec(routed, Path("/x.json"), base_env={"FLEET_ROUTING_POLICY": "round_robin"}).env
+    assert env["FLEET_ROUTING_POLICY"] == "round_robin"  # the variable wins
+    assert env["FLEET_ROUTING_POLICIES"] == '{"tiny": "prefix_aware"}'
     custom = gateway_spec(fleet(gateway_command=["my-gw", "--config={config}"]), Path("/c.json"), base_env={})
     assert custom.argv == ["my-gw", "--config=/c.json"]
 
