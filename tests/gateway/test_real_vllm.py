@@ -6,13 +6,15 @@ model's name from vLLM's /v1/models."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import httpx
 import openai
 import pytest
 
-from tests.support.procs import Gateway
+from gateway.loadscrape import parse_load
+from tests.support.procs import Gateway, wait_until
 from tests.support.real_vllm import MAX_MODEL_LEN
 
 if TYPE_CHECKING:
@@ -76,3 +78,26 @@ def test_vllm_metrics_reachable_beside(real_vllm: RealVllm) -> None:
     assert "vllm:num_requests_running" in httpx.get(real_vllm.url + "/metrics").text
 
 
+
+
+def test_load_aware_and_prefix_aware_read_real_vllm_metrics(real_vllm: RealVllm, tmp_path: Path) -> None:
+    """vLLM 0.32's own exposition feeds the load scraper: the series routing reads exist under
+    the names it expects, and the prefix cache counters move with a repeated prompt."""
+    g = Gateway(tmp_path, {"backend": "vllm", "vllm_host": real_vllm.url},
+                {"FLEET_ROUTING_POLICY": "prefix_aware", "FLEET_LOAD_SCRAPE_INTERVAL_S": "0.2"})
+    try:
+        client = openai.OpenAI(base_url=g.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+        before = parse_load(httpx.get(real_vllm.url + "/metrics").content)
+        for _ in range(2):
+            client.chat.completions.create(model="tiny-a", max_tokens=2, messages=[
+                {"role": "system", "content": "You are a helpful assistant. " * 60}, {"role": "user", "content": "hi"}])
+        after = parse_load(httpx.get(real_vllm.url + "/metrics").content)
+        assert after.prefix_queries > before.prefix_queries and after.prefix_hits > before.prefix_hits
+        assert wait_until(lambda: httpx.get(g.url + "/fleet").json()["backends"][0]["load"] is not None)
+        load = httpx.get(g.url + "/fleet").json()["backends"][0]["load"]
+        assert load["prefix_cache_hit_rate"] is not None and 0 <= load["kv_cache_usage"] <= 1
+        metrics = httpx.get(g.url + "/metrics").text
+        assert ('fleet_routing_decisions_total{model="tiny-a",policy="prefix_aware",reason="prefix_match"} 1.0'
+                in metrics)
+    finally:
+        g.stop()
