@@ -19,7 +19,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,7 +77,7 @@ class Router:
             return self._least(usable, lambda b: load_score(b, now, self.max_age)), BALANCED
         return self._affine(group, usable, hint, now)
 
-    def _least(self, usable: Sequence[Backend], score: Any) -> Backend:
+    def _least(self, usable: Sequence[Backend], score: Callable[[Backend], float]) -> Backend:
         if len(usable) == 1:
             return usable[0]
         best = min(score(b) for b in usable)
@@ -114,7 +114,7 @@ class Router:
                 reason = PREFIX_MATCH
             elif hint.blocks:
                 reason = OVERLOADED if depth else PREFIX_MISS
-        if chosen is None:  # nothing fits: can happen only with a bound below the average
+        if chosen is None:  # no affinity, or no affinity replica within the bound
             chosen = self._least(usable, lambda b: load_score(b, now, self.max_age))
         if self.index is not None and hint.blocks:
             self.index.record(hint.blocks, chosen)

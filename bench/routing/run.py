@@ -75,7 +75,7 @@ async def one_turn(session: aiohttp.ClientSession, url: str, messages: list[dict
 
 async def drive(url: str, convs: list[workload.Conversation], concurrency: int, max_tokens: int,
                 limit_s: float) -> tuple[list[float], list[int], float]:
-    """Each worker takes the next conversation and runs its turns back to back."""
+    """Each worker takes the next conversation and runs its turns, pausing between them."""
     queue: asyncio.Queue[workload.Conversation] = asyncio.Queue()
     for c in convs:
         c.messages = [{"role": "system", "content": c.system}]
@@ -97,6 +97,8 @@ async def drive(url: str, convs: list[workload.Conversation], concurrency: int, 
                     ttfts.append(ttft)
                     turns.append(t)
                     c.messages.append({"role": "assistant", "content": answer})
+                    if t < len(c.think_s):
+                        await asyncio.sleep(c.think_s[t])
 
         t0 = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
@@ -125,7 +127,7 @@ def reset_caches(urls: list[str]) -> None:
 
 def run_policy(policy: str, kind: str, urls: list[str], args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     convs = workload.build(kind, args.conversations, args.turns, args.system_prompts, args.system_chars,
-                           args.document_chars, args.hot_share, args.seed)
+                           args.document_chars, args.hot_share, args.think_s, args.seed)
     config = {"backend": "vllm", "vllm_instances": [
         {"host": u, "models": [MODEL], "name": f"replica-{i}"} for i, u in enumerate(urls)]}
     gw = Gateway(tmp, config, {"FLEET_ROUTING_POLICY": policy, "FLEET_LOG_LEVEL": "warning",
@@ -149,6 +151,7 @@ def run_policy(policy: str, kind: str, urls: list[str], args: argparse.Namespace
         "followup_ttft_p50_ms": round(1000 * pct(later, 0.5), 1) if later else None,
         "hit_rate": round((h1 - h0) / (q1 - q0), 4) if q1 > q0 else None,
         "prefix_queries": q1 - q0, "decisions": decisions, "per_backend": per_backend,
+        "loadavg_1m_after": os.getloadavg()[0],  # the bench itself keeps ≈2 busy; well above means other work
     }
 
 
@@ -179,7 +182,8 @@ def main() -> int:
     p.add_argument("--policies", default=",".join(POLICIES))
     p.add_argument("--conversations", type=int, default=32)
     p.add_argument("--turns", type=int, default=4)
-    p.add_argument("--concurrency", type=int, default=4)
+    p.add_argument("--concurrency", type=int, default=8, help="conversations open at once")
+    p.add_argument("--think-s", type=float, default=1.0, help="mean pause between an answer and the next turn")
     p.add_argument("--system-prompts", type=int, default=4)
     p.add_argument("--system-chars", type=int, default=2000)
     p.add_argument("--document-chars", type=int, default=12000)
