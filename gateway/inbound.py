@@ -115,21 +115,21 @@ class RequestIds:
         return f"{self._prefix}{next(self._count):016x}"
 
 
-def upstream_headers(scope: Scope, drop_auth: bool, upstream_key: str | None,
-                     ids: RequestIds) -> tuple[list[tuple[str, str]], str]:
-    """Headers to send upstream, and the request id (the client's X-Request-ID, or a new one)."""
-    out: list[tuple[str, str]] = []
-    request_id = ""
+def upstream_headers(scope: Scope, drop_auth: bool, upstream_key: bytes | None,
+                     ids: RequestIds) -> tuple[bytes, bytes]:
+    """The header block to send upstream (``name: value\\r\\n`` lines, bytes as the client sent them),
+    and the request id (the client's X-Request-ID, or a new one)."""
+    out: list[bytes] = []
+    request_id = b""
     for name, value in scope["headers"]:
         if name == b"x-request-id":
-            request_id = value.decode("latin-1")[:200]
-        elif name in HOP_BY_HOP or (drop_auth and name == b"authorization"):
+            request_id = value[:200]
+        elif name in HOP_BY_HOP or (name == b"authorization" and (drop_auth or upstream_key)):
             continue
         else:
-            out.append((name.decode("latin-1"), value.decode("latin-1")))
+            out += (name, b": ", value, b"\r\n")
     if upstream_key:
-        out = [h for h in out if h[0] != "authorization"]
-        out.append(("authorization", f"Bearer {upstream_key}"))
-    request_id = request_id or ids.new()
-    out.append(("x-request-id", request_id))
-    return out, request_id
+        out += (b"authorization: Bearer ", upstream_key, b"\r\n")
+    request_id = request_id or ids.new().encode()
+    out += (b"x-request-id: ", request_id, b"\r\n")
+    return b"".join(out), request_id
