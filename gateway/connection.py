@@ -104,6 +104,11 @@ class UpstreamConnection(asyncio.Protocol):
         self._sink = sink
         self._flush()
 
+    def take_body(self) -> bytes:
+        """What arrived before any sink was attached, all of it (for a response already complete)."""
+        held, self._held = self._held, deque()
+        return held[0] if len(held) == 1 else b"".join(held)
+
     async def body_end(self, idle_s: float, deadline: float) -> bool:
         """True once the whole body went to the sink; False when the sink asked to pause (finish the
         client's pending send, then call ``resume()``). Raises BrokenResponse, or TimeoutError when no

@@ -124,7 +124,7 @@ class Proxy:
             return
         task = asyncio.current_task()
         assert task is not None
-        watcher = asyncio.ensure_future(flight.watch(receive, task))
+        flight.watch(receive, task)
         try:
             await self._forward(scope, send, body, model, t0, flight)
         except asyncio.CancelledError:
@@ -136,7 +136,7 @@ class Proxy:
             await self._busy(send, flight, e, model)
         finally:
             flight.done = True
-            watcher.cancel()
+            flight.stop()
             self.limiter.leave()
 
     async def _error(self, send: Send, flight: Flight, status: int, message: str, type_: str, code: str,
@@ -280,6 +280,15 @@ class Proxy:
         try:
             flight.started = True
             await send({"type": "http.response.start", "status": conn.status, "headers": out_headers})
+            if conn.complete:
+                # The whole body came with the head (a non-streamed answer): one message, so a chunked
+                # response's last chunk and terminator go out in one write.
+                first_byte()
+                flight.done = True
+                await send({"type": "http.response.body", "body": conn.take_body(), "more_body": False})
+                self.metrics.count(model, backend.name, conn.status)
+                self.metrics.observe_duration(model, time.perf_counter() - t0)
+                return
             conn.attach(relay)
             while not await conn.body_end(idle_s, deadline):
                 # The client is slow: finish its pending write, then let the upstream go on.
