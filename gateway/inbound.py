@@ -87,6 +87,7 @@ class Flight:
             self._coro = None
             return
         if isinstance(yielded, asyncio.Future):
+            yielded._asyncio_future_blocking = False  # as Task.__step does, so that it can be awaited again
             yielded.add_done_callback(self._step)
         else:
             asyncio.get_running_loop().call_soon(self._step, None)  # a bare yield: one loop turn

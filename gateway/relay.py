@@ -72,6 +72,9 @@ async def _finish(coro: _Step, yielded: Any) -> None:
             if yielded is None:
                 await asyncio.sleep(0)  # a bare yield: give the loop one turn
             else:
+                # As Task.__step does: the future is now ours to wait on (awaiting it while this flag is
+                # still set raises "await wasn't used with future").
+                yielded._asyncio_future_blocking = False
                 await yielded
         except BaseException as e:
             try:
