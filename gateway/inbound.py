@@ -9,9 +9,10 @@ import itertools
 import json
 import os
 import re
+from collections.abc import Coroutine
 from typing import Any
 
-from starlette.types import Receive, Scope
+from starlette.types import Message, Receive, Scope
 
 # RFC 9110 §7.6.1 hop-by-hop headers, plus those the gateway sets itself on each hop.
 HOP_BY_HOP = frozenset({
@@ -38,24 +39,58 @@ class ClientGone(Exception):
 
 
 class Flight:
-    """One request's progress, and the watcher that cancels it when the client disconnects."""
+    """One request's progress, and the watcher that cancels it when the client disconnects.
 
-    __slots__ = ("done", "gone", "sse", "started")
+    The watcher is the server's ``receive()`` coroutine driven from the callback of the future it
+    waits on, not a task of its own: same guarantee (a disconnect cancels the request's task in
+    every phase), without a task's creation and steps per request."""
+
+    __slots__ = ("_coro", "_receive", "_task", "done", "gone", "sse", "started")
 
     def __init__(self) -> None:
         self.done = False  # the response is complete: a disconnect now is no longer a cancel
         self.gone = False  # the client disconnected and the request was cancelled for it
         self.started = False  # response headers went to the client: no status can change now
         self.sse = False
+        self._coro: Coroutine[Any, Any, Message] | None = None
+        self._task: asyncio.Task[Any] | None = None
+        self._receive: Receive | None = None
 
-    async def watch(self, receive: Receive, task: asyncio.Task[object]) -> None:
-        while True:
-            msg = await receive()
-            if msg["type"] == "http.disconnect":
-                if not self.done:
+    def watch(self, receive: Receive, task: asyncio.Task[Any]) -> None:
+        """Cancel ``task`` when the client disconnects; until ``stop()``."""
+        self._task = task
+        self._receive = receive
+        self._coro = receive()  # type: ignore[assignment]
+        self._step(None)
+
+    def stop(self) -> None:
+        coro, self._coro = self._coro, None
+        if coro is not None:
+            coro.close()  # takes its waiter off the server's event
+
+    def _step(self, _: object) -> None:
+        coro = self._coro
+        if coro is None:
+            return
+        try:
+            yielded = coro.send(None)
+        except StopIteration as e:
+            self._coro = None
+            if e.value["type"] == "http.disconnect":
+                if not self.done and self._task is not None:
                     self.gone = True
-                    task.cancel()
-                return
+                    self._task.cancel()
+            elif self._task is not None and self._receive is not None:
+                self.watch(self._receive, self._task)  # more request body than read: wait on
+            return
+        except BaseException:  # the server's receive failed or was cancelled: nothing left to watch
+            self._coro = None
+            return
+        if isinstance(yielded, asyncio.Future):
+            yielded._asyncio_future_blocking = False  # as Task.__step does, so that it can be awaited again
+            yielded.add_done_callback(self._step)
+        else:
+            asyncio.get_running_loop().call_soon(self._step, None)  # a bare yield: one loop turn
 
 
 async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
@@ -126,21 +161,21 @@ class RequestIds:
         return f"{self._prefix}{next(self._count):016x}"
 
 
-def upstream_headers(scope: Scope, drop_auth: bool, upstream_key: str | None,
-                     ids: RequestIds) -> tuple[list[tuple[str, str]], str]:
-    """Headers to send upstream, and the request id (the client's X-Request-ID, or a new one)."""
-    out: list[tuple[str, str]] = []
-    request_id = ""
+def upstream_headers(scope: Scope, drop_auth: bool, upstream_key: bytes | None,
+                     ids: RequestIds) -> tuple[bytes, bytes]:
+    """The header block to send upstream (``name: value\\r\\n`` lines, bytes as the client sent them),
+    and the request id (the client's X-Request-ID, or a new one)."""
+    out: list[bytes] = []
+    request_id = b""
     for name, value in scope["headers"]:
         if name == b"x-request-id":
-            request_id = value.decode("latin-1")[:200]
-        elif name in HOP_BY_HOP or (drop_auth and name == b"authorization"):
+            request_id = value[:200]
+        elif name in HOP_BY_HOP or (name == b"authorization" and (drop_auth or upstream_key)):
             continue
         else:
-            out.append((name.decode("latin-1"), value.decode("latin-1")))
+            out += (name, b": ", value, b"\r\n")
     if upstream_key:
-        out = [h for h in out if h[0] != "authorization"]
-        out.append(("authorization", f"Bearer {upstream_key}"))
-    request_id = request_id or ids.new()
-    out.append(("x-request-id", request_id))
-    return out, request_id
+        out += (b"authorization: Bearer ", upstream_key, b"\r\n")
+    request_id = request_id or ids.new().encode()
+    out += (b"x-request-id: ", request_id, b"\r\n")
+    return b"".join(out), request_id

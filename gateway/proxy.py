@@ -1,7 +1,9 @@
 """The hot path: a raw ASGI endpoint that relays POST /v1/* to a replica chosen by ``model``.
 
-Bytes go through as they arrive: the request body as received, the response chunk by chunk via
-aiohttp (DESIGN §3: a fraction of httpx's CPU per event). The order of events for one request:
+Bytes go through as they arrive: the request body as received, the response chunk by chunk through
+the gateway's own HTTP/1.1 client (upstream.py, connection.py), whose parser callback hands each
+chunk to the client's ``send`` in place (relay.py), with no task wake-up per chunk. The order of
+events for one request:
 
 1. read the body (capped), take ``model`` from it and check the caps (one JSON parse), enter the
    gateway-wide in-flight cap, take a slot on a replica or wait for one (limiter.py);
@@ -26,11 +28,11 @@ import logging
 import math
 import time
 
-import aiohttp
 from starlette.types import Receive, Scope, Send
 
 from gateway import errors
 from gateway.backend import Backend
+from gateway.connection import ConnectFailed, ResetBeforeResponse, UpstreamConnection, UpstreamError
 from gateway.ejection import FAILURE_STATUSES, Ejector
 from gateway.inbound import (
     SAFE_PATH,
@@ -46,15 +48,16 @@ from gateway.inbound import (
 from gateway.limiter import Limiter, Rejected
 from gateway.metrics import NO_BACKEND, UNKNOWN_MODEL, GatewayMetrics
 from gateway.pool import BackendPool
+from gateway.relay import ClientRelay
 from gateway.retry import RetryPolicy
 from gateway.routing import Hint, hint_for
 from gateway.settings import GatewaySettings
-from gateway.upstream import UrlCache, open_session
+from gateway.upstream import Origin, UpstreamPool
 
 log = logging.getLogger("gateway.proxy")
 
 # Failures that prove the request did no work upstream, so another replica may take it.
-_RETRYABLE = (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
+_RETRYABLE = (ConnectFailed, ResetBeforeResponse)
 _DROP_RESPONSE_HEADERS = frozenset({
     b"connection", b"keep-alive", b"transfer-encoding", b"upgrade", b"trailer", b"date", b"server",
     b"proxy-authenticate",
@@ -72,19 +75,18 @@ class Proxy:
         self.limiter = limiter
         self.ejector = ejector
         self.retry = RetryPolicy(settings)
-        self.session: aiohttp.ClientSession | None = None
+        self.upstream = UpstreamPool(settings.connect_timeout_s)
         self._drop_auth = bool(settings.keys())
+        self._upstream_key = settings.upstream_api_key.encode("latin-1") if settings.upstream_api_key else None
         self._total_s = settings.total_timeout_s or math.inf
         self._ids = RequestIds()
-        self._urls = UrlCache()
         self._affinity_header = settings.affinity_header.lower().encode("latin-1")
 
     async def start(self) -> None:
-        self.session = open_session(self.settings)
+        pass  # connections open on demand
 
     async def stop(self) -> None:
-        if self.session is not None:
-            await self.session.close()
+        self.upstream.close()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         flight = Flight()
@@ -126,7 +128,7 @@ class Proxy:
             return
         task = asyncio.current_task()
         assert task is not None
-        watcher = asyncio.ensure_future(flight.watch(receive, task))
+        flight.watch(receive, task)
         try:
             await self._forward(scope, send, body, model, hint, t0, flight)
         except asyncio.CancelledError:
@@ -138,7 +140,7 @@ class Proxy:
             await self._busy(send, flight, e, model)
         finally:
             flight.done = True
-            watcher.cancel()
+            flight.stop()
             self.limiter.leave()
 
     async def _error(self, send: Send, flight: Flight, status: int, message: str, type_: str, code: str,
@@ -175,16 +177,18 @@ class Proxy:
 
     async def _forward(self, scope: Scope, send: Send, body: bytes, model: str, hint: Hint | None, t0: float,
                        flight: Flight) -> None:
-        assert self.session is not None
-        headers, request_id = upstream_headers(scope, self._drop_auth, self.settings.upstream_api_key, self._ids)
-        target = scope["path"] + ("?" + scope["query_string"].decode("latin-1") if scope["query_string"] else "")
+        headers, request_id = upstream_headers(scope, self._drop_auth, self._upstream_key, self._ids)
+        target = scope["path"].encode()  # SAFE_PATH allowed only ASCII; the query string goes as received
+        if scope["query_string"]:
+            target += b"?" + scope["query_string"]
         loop = asyncio.get_running_loop()
         start = loop.time()
         deadline = start + self._total_s
         retry_end = min(deadline, start + self.retry.deadline_s)
         tried: list[Backend] = []
         last_failure = "no healthy replica"
-        resp: aiohttp.ClientResponse | None = None
+        conn: UpstreamConnection | None = None
+        origin: Origin | None = None
         backend: Backend | None = None
         pause: float | None = 0.0
         while pause is not None:
@@ -197,9 +201,9 @@ class Proxy:
                 self.metrics.retries.labels(model).inc()
             tried.append(backend)
             try:
-                async with asyncio.timeout_at(min(loop.time() + self.settings.headers_timeout_s, deadline)):
-                    resp = await self.session.request("POST", self._urls.get(backend.url, target), data=body,
-                                                      headers=headers)
+                origin, request = self.upstream.request(backend.url, target, headers, body)
+                conn = await self.upstream.send(origin, request,
+                                                min(loop.time() + self.settings.headers_timeout_s, deadline))
             except _RETRYABLE as e:
                 last_failure = f"{backend.name}: {e.__class__.__name__}: {e}"
                 self.metrics.upstream_failures.labels(backend.name, "connect").inc()
@@ -211,25 +215,34 @@ class Proxy:
                 self.limiter.release(backend)
                 await self._headers_timeout(send, flight, backend, model, loop.time() >= deadline - 0.01)
                 return
+            except UpstreamError as e:
+                # An answer that is not HTTP: the request may have done work, so no retry.
+                self.limiter.release(backend)
+                last_failure = f"{backend.name}: {e}"
+                self.ejector.failure(backend, last_failure)
+                await self._error(send, flight, 502, f"bad response from upstream ({last_failure})",
+                                  errors.UPSTREAM, "upstream_unreachable")
+                self.metrics.count(model, backend.name, 502)
+                return
             except BaseException:
                 self.limiter.release(backend)
                 if flight.gone:
                     self.metrics.count(model, backend.name, _CLIENT_CLOSED)
                 raise
-            if resp.status in FAILURE_STATUSES:
-                self.ejector.failure(backend, f"answered {resp.status}")
+            if conn.status in FAILURE_STATUSES:
+                self.ejector.failure(backend, f"answered {conn.status}")
             else:
                 backend.request_failures = 0
-            if resp.status == 503:
+            if conn.status == 503:
                 pause = self.retry.backoff(len(tried), loop.time() - start)
                 if pause is not None and self.pool.has_other(model, tried):
                     last_failure = f"{backend.name} answered 503"
-                    resp.close()
+                    conn.abort()
                     self.limiter.release(backend)
-                    resp = None
+                    conn = None
                     continue
             break
-        if resp is None or backend is None:
+        if conn is None or backend is None or origin is None:
             status = 503 if not tried else 502
             await self._error(
                 send, flight, status, f"no replica of '{model}' could take the request ({last_failure})",
@@ -238,9 +251,10 @@ class Proxy:
             self.metrics.count(model, NO_BACKEND if not tried else tried[-1].name, status)
             return
         try:
-            await self._relay(send, resp, backend, model, request_id, t0, flight, deadline)
+            await self._relay(send, conn, backend, model, request_id, t0, flight, deadline)
         finally:
-            resp.close()
+            # Back to the pool only after a clean, complete response; aborted otherwise (cancel included).
+            self.upstream.release(conn, origin)
             self.limiter.release(backend)
 
     async def _headers_timeout(self, send: Send, flight: Flight, backend: Backend, model: str, total: bool) -> None:
@@ -256,36 +270,41 @@ class Proxy:
         await self._error(send, flight, 504, message, errors.UPSTREAM, code)
         self.metrics.count(model, backend.name, 504)
 
-    async def _relay(self, send: Send, resp: aiohttp.ClientResponse, backend: Backend, model: str,
-                     request_id: str, t0: float, flight: Flight, deadline: float) -> None:
-        out_headers = [(k, v) for k, v in resp.raw_headers if k.lower() not in _DROP_RESPONSE_HEADERS]
-        out_headers.append((b"x-request-id", request_id.encode("latin-1")))
+    async def _relay(self, send: Send, conn: UpstreamConnection, backend: Backend, model: str,
+                     request_id: bytes, t0: float, flight: Flight, deadline: float) -> None:
+        out_headers = [(k, v) for k, v in conn.headers if k.lower() not in _DROP_RESPONSE_HEADERS]
+        out_headers.append((b"x-request-id", request_id))
         out_headers.append((b"x-fleet-backend", backend.name.encode()))
-        flight.sse = resp.headers.get("content-type", "").startswith("text/event-stream")
-        code: int = resp.status
-        first = True
-        loop = asyncio.get_running_loop()
+        flight.sse = any(k.lower() == b"content-type" and v.startswith(b"text/event-stream") for k, v in conn.headers)
         idle_s = self.settings.idle_timeout_s
+
+        def first_byte() -> None:
+            self.metrics.observe_ttfb(model, time.perf_counter() - t0)
+
+        relay = ClientRelay(send, first_byte)
         try:
             flight.started = True
-            await send({"type": "http.response.start", "status": resp.status, "headers": out_headers})
-            async with asyncio.timeout_at(min(loop.time() + idle_s, deadline)) as idle:
-                # Re-arming the idle timer at most once a second keeps its cost off the per-chunk path;
-                # it never moves past the request's total deadline.
-                rearm_at = loop.time() + 1.0
-                content = resp.content
-                while chunk := await content.readany():  # b"" at the end; no async-iterator layer
-                    if first:
-                        first = False
-                        self.metrics.observe_ttfb(model, time.perf_counter() - t0)
-                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                    now = loop.time()
-                    if now >= rearm_at:
-                        idle.reschedule(min(now + idle_s, deadline))
-                        rearm_at = now + 1.0
-        except (aiohttp.ClientError, TimeoutError) as e:
+            await send({"type": "http.response.start", "status": conn.status, "headers": out_headers})
+            if conn.complete:
+                # The whole body came with the head (a non-streamed answer): one message, so a chunked
+                # response's last chunk and terminator go out in one write.
+                first_byte()
+                flight.done = True
+                await send({"type": "http.response.body", "body": conn.take_body(), "more_body": False})
+                self.metrics.count(model, backend.name, conn.status)
+                self.metrics.observe_duration(model, time.perf_counter() - t0)
+                return
+            conn.attach(relay)
+            while not await conn.body_end(idle_s, deadline):
+                # The client is slow: finish its pending write, then let the upstream go on.
+                async with asyncio.timeout_at(deadline):
+                    await relay.drain()
+                conn.resume()
+            await relay.drain()  # a failure of the server's send surfaces here, never in the parser
+        except (UpstreamError, TimeoutError) as e:
             if flight.gone:
                 raise asyncio.CancelledError from e
+            loop = asyncio.get_running_loop()
             if isinstance(e, TimeoutError) and loop.time() >= deadline - 0.01:
                 what, status = f"exceeded the gateway's total timeout of {self.settings.total_timeout_s}s", 504
             else:
@@ -293,7 +312,7 @@ class Proxy:
                 status = 502
                 self.metrics.upstream_failures.labels(backend.name, "stream").inc()
                 self.ejector.failure(backend, f"{what} mid-response")
-            log.warning("upstream %s %s mid-response (request %s)", backend.name, what, request_id)
+            log.warning("upstream %s %s mid-response (request %s)", backend.name, what, request_id.decode("latin-1"))
             if flight.sse:
                 await send({"type": "http.response.body", "more_body": True,
                             "body": errors.sse_error_event(f"upstream {backend.name} {what} mid-stream", status)})
@@ -305,9 +324,9 @@ class Proxy:
             if flight.gone:
                 self.metrics.count(model, backend.name, _CLIENT_CLOSED)
             raise
-        if first:
-            self.metrics.observe_ttfb(model, time.perf_counter() - t0)
+        if not relay.started:
+            first_byte()
         flight.done = True
         await send({"type": "http.response.body", "body": b"", "more_body": False})
-        self.metrics.count(model, backend.name, code)
+        self.metrics.count(model, backend.name, conn.status)
         self.metrics.observe_duration(model, time.perf_counter() - t0)

@@ -1,39 +1,123 @@
-"""The upstream side of the hot path: the shared aiohttp session and parsed backend URLs."""
+"""The upstream side of the hot path: keep-alive pools of connection.py's connections, per backend.
+
+A request takes the most recently used idle connection to its backend (LIFO: the warmest, and the
+least likely to have been closed by the backend's keep-alive timeout) or opens one. A connection
+goes back to the pool only when its response was read to the end and both sides keep it alive;
+after a cancel, a timeout or any failure it is aborted, never reused mid-response. An idle
+connection that the backend closes leaves the pool at once (connection_lost). When the backend
+closes a reused connection just as a request goes out on it (the race no client can avoid), the
+request fails with no response byte at all: that proves nothing was processed, so it is sent once
+more on a fresh connection; the retry policy above never sees it.
+"""
 
 from __future__ import annotations
 
-import aiohttp
-from yarl import URL
+import asyncio
+import ssl
+from urllib.parse import urlsplit
 
-from gateway.settings import GatewaySettings
+from gateway.connection import ConnectFailed, ResetBeforeResponse, UpstreamConnection
 
-_MAX_URLS = 1024
-
-
-def open_session(settings: GatewaySettings) -> aiohttp.ClientSession:
-    # No pool limit: backpressure is the limiter's job, not a hidden connector queue.
-    connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, enable_cleanup_closed=True)
-    return aiohttp.ClientSession(
-        connector=connector,
-        auto_decompress=False,  # relay bytes exactly as the upstream sent them
-        timeout=aiohttp.ClientTimeout(total=None, connect=settings.connect_timeout_s),
-        skip_auto_headers=("Accept-Encoding", "User-Agent"),
-        cookie_jar=aiohttp.DummyCookieJar(),  # a proxy keeps no cookies between clients
-    )
+_MAX_IDLE = 512  # per backend; the limiter bounds requests per backend, this bounds leftovers
 
 
-class UrlCache:
-    """Parsed upstream URLs by (backend URL, path): parsing one per request shows on the hot path.
-    Bounded, because the path comes from the client."""
+class Origin:
+    """A backend base URL, parsed once: where to connect and what goes before the request's path."""
 
-    def __init__(self) -> None:
-        self._urls: dict[tuple[str, str], URL] = {}
+    __slots__ = ("host", "idle", "port", "prefix", "request_line_tail", "ssl")
 
-    def get(self, base: str, target: str) -> URL:
-        key = (base, target)
-        url = self._urls.get(key)
-        if url is None:
-            if len(self._urls) >= _MAX_URLS:
-                self._urls.clear()
-            url = self._urls[key] = URL(base + target)
-        return url
+    def __init__(self, base: str) -> None:
+        u = urlsplit(base)
+        if u.scheme not in ("http", "https") or not u.hostname:
+            raise ValueError(f"not an http(s) URL: {base}")
+        self.ssl = u.scheme == "https"
+        self.host = u.hostname
+        self.port = u.port or (443 if self.ssl else 80)
+        self.prefix = u.path.rstrip("/").encode("latin-1")
+        netloc = u.netloc.rsplit("@", 1)[-1]
+        self.request_line_tail = b" HTTP/1.1\r\nhost: " + netloc.encode("idna") + b"\r\ncontent-length: "
+        self.idle: list[UpstreamConnection] = []
+
+
+class UpstreamPool:
+    def __init__(self, connect_timeout_s: float) -> None:
+        self.connect_timeout_s = connect_timeout_s
+        self._origins: dict[str, Origin] = {}
+        self._ssl: ssl.SSLContext | None = None
+        self._closed = False
+
+    def request(self, base: str, target: bytes, headers: bytes, body: bytes) -> tuple[Origin, list[bytes]]:
+        """The request's bytes for backend ``base``: ``headers`` is a block of ``name: value\\r\\n``
+        lines (never host or content-length, which are set here)."""
+        origin = self._origins.get(base)
+        if origin is None:
+            origin = self._origins[base] = Origin(base)
+        head = b"POST %s%s%s%d\r\n%s\r\n" % (origin.prefix, target, origin.request_line_tail, len(body), headers)
+        return origin, [head, body] if body else [head]
+
+    async def send(self, origin: Origin, request: list[bytes], head_deadline: float) -> UpstreamConnection:
+        """A connection whose response head is in. Raises connection.UpstreamError or TimeoutError;
+        on any failure (or cancel) the connection is closed."""
+        conn = self._take_idle(origin)
+        if conn is not None:
+            try:
+                return await self._exchange(conn, request, head_deadline)
+            except ResetBeforeResponse:
+                if conn.received:
+                    raise
+                # A keep-alive connection closed under us before any byte came back: go again, fresh.
+        conn = await self._connect(origin)
+        return await self._exchange(conn, request, head_deadline)
+
+    @staticmethod
+    async def _exchange(conn: UpstreamConnection, request: list[bytes], head_deadline: float) -> UpstreamConnection:
+        conn.start(request)
+        try:
+            await conn.response_head(head_deadline)
+        except BaseException:
+            conn.abort()
+            raise
+        return conn
+
+    def release(self, conn: UpstreamConnection, origin: Origin) -> None:
+        """The request is over: keep the connection only if its response was read to a clean end."""
+        if not self._closed and conn.reusable() and len(origin.idle) < _MAX_IDLE:
+            conn.idle()
+            origin.idle.append(conn)
+        else:
+            conn.abort()
+
+    def close(self) -> None:
+        self._closed = True
+        for origin in self._origins.values():
+            idle, origin.idle = origin.idle, []
+            for conn in idle:
+                conn.abort()
+
+    def _take_idle(self, origin: Origin) -> UpstreamConnection | None:
+        idle = origin.idle
+        while idle:
+            conn = idle.pop()
+            if not conn.closed:
+                return conn
+        return None
+
+    async def _connect(self, origin: Origin) -> UpstreamConnection:
+        loop = asyncio.get_running_loop()
+
+        def lost(conn: UpstreamConnection) -> None:
+            if conn in origin.idle:
+                origin.idle.remove(conn)
+
+        tls: ssl.SSLContext | None = None
+        if origin.ssl:
+            if self._ssl is None:
+                self._ssl = ssl.create_default_context()
+            tls = self._ssl
+        try:
+            async with asyncio.timeout(self.connect_timeout_s):
+                _, conn = await loop.create_connection(lambda: UpstreamConnection(loop, lost), origin.host, origin.port,
+                                                       ssl=tls, server_hostname=origin.host if tls else None)
+        except (OSError, TimeoutError, ssl.SSLError) as e:
+            raise ConnectFailed(f"{origin.host}:{origin.port}: {e.__class__.__name__}: {e}") from e
+        return conn

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 
 import httpx
 import openai
@@ -87,3 +88,31 @@ def test_ttfb_and_duration_are_measured(gateway: Gateway) -> None:
               if ln.startswith(("fleet_time_to_first_byte_seconds_count", "fleet_request_duration_seconds_count"))}
     assert counts['fleet_time_to_first_byte_seconds_count{model="m2"}'] >= 1
     assert counts['fleet_request_duration_seconds_count{model="m2"}'] >= 1
+
+
+def _rss_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+
+
+def test_slow_client_is_not_buffered_for(gateway: Gateway, fakes: list[FakeVllm]) -> None:
+    """A client that stops reading pauses the upstream: the gateway's memory stays flat while the
+    backend could send tens of MB, and leaving then still cancels the generation."""
+    fake = fakes[2]
+    before = fake.stats()["cancelled"]
+    fake.configure(tokens=300_000)  # ~57 MB of SSE if nobody pushed back
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.connect(("127.0.0.1", gateway.port))
+    body = json.dumps({"model": "m2", "stream": True, "messages": []}).encode()
+    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+              b"content-length: %d\r\n\r\n%s" % (len(body), body))
+    assert s.recv(1024).startswith(b"HTTP/1.1 200")
+    rss0 = _rss_kib(gateway.pid)
+    time.sleep(3)  # not reading: without backpressure the gateway would take in the backend's output
+    grown_mib = (_rss_kib(gateway.pid) - rss0) / 1024
+    assert fake.stats()["in_flight"] == 1
+    assert grown_mib < 8, f"gateway memory grew {grown_mib:.1f} MiB behind a stalled client"
+    s.close()
+    assert wait_until(lambda: fake.stats()["in_flight"] == 0, timeout=5)
+    assert fake.stats()["cancelled"] == before + 1
