@@ -28,6 +28,7 @@ class _Strict(BaseModel):
 class GatewaySection(_Strict):
     host: str = "0.0.0.0"
     port: int = Field(8080, ge=1, le=65535)
+    workers: int = Field(1, ge=1, le=256)  # gateway server processes (README: what each keeps to itself)
 
 
 class SupervisorSection(_Strict):

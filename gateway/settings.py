@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from fleetspec.errors import from_validation_error
+
+MAX_WORKERS = 256
 
 
 class GatewaySettings(BaseSettings):
@@ -59,6 +63,10 @@ class GatewaySettings(BaseSettings):
     log_level: str = "info"
     access_log: bool = False
 
+    # Server processes sharing the listening socket. Each keeps its own pool, probes and limiter
+    # (gateway/workers.py divides the limits above among them); metrics are summed across them.
+    workers: int = Field(1, ge=1, le=MAX_WORKERS)
+
     @classmethod
     def settings_customise_sources(
         cls,
@@ -86,4 +94,7 @@ class GatewaySettings(BaseSettings):
 
 
 def load_settings(file_values: dict[str, Any]) -> GatewaySettings:
-    return GatewaySettings(**file_values)
+    try:
+        return GatewaySettings(**file_values)
+    except ValidationError as e:  # a bad FLEET_* variable: exit 2 naming it, not a traceback
+        raise from_validation_error("gateway settings (FLEET_* variables, the file's gateway: section)", e) from None
