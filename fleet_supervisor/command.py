@@ -118,6 +118,10 @@ def gateway_spec(fleet: FleetFile, config_path: Path, base_env: Mapping[str, str
     template = fleet.gateway_command or DEFAULT_GATEWAY_COMMAND
     argv = [part.replace("{config}", str(config_path)) for part in resolve_python(template)]
     overrides = {k: v for k, v in (("FLEET_HOST", host), ("FLEET_PORT", str(port))) if base.get(k) != v}
+    # The Infernet JSON carries no gateway settings, so gateway.workers travels as a variable; one
+    # already in the environment wins, as for host and port.
+    if fleet.gateway.workers != 1 and "FLEET_WORKERS" not in base:
+        overrides["FLEET_WORKERS"] = str(fleet.gateway.workers)
     return LaunchSpec(
         name=GATEWAY_CHILD,
         argv=argv,
