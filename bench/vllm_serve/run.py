@@ -4,7 +4,7 @@ Starts one real CPU vLLM serving the tiny model (vllm_fleet/tinymodel.py; the ar
 tests/support/real_vllm.py), the gateway in front of it (``python -m gateway``, default settings
 but for the address and log level), then runs ``vllm bench serve`` (bench_serve.py: its module,
 DESIGN §3) with the model's local tokenizer, HF_HUB_OFFLINE=1 and the random dataset, against
-both targets in the order direct, gateway, gateway, direct (so drift over the run shows up as
+both targets in the order direct, gateway, gateway, direct, direct, gateway (so drift over the run shows up as
 spread, not as a difference). Everything listens on loopback; every process started here is
 stopped by its process group at the end, also on failure. Run it under the benchmark lock:
 
@@ -60,6 +60,16 @@ def bench(a: argparse.Namespace, url: str, label: str, model_dir: str, work: Pat
             **{k: round(float(r[k]), 3) for k in KEYS}}
 
 
+def _host_busy(since: tuple[float, float] | None = None) -> Any:
+    """Cores busy on the whole host (all processes, ours included) since ``since``, from /proc/stat:
+    near the core count means vLLM, gateway and client were short of CPU, others' load included."""
+    f = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    now = ((sum(int(x) for x in f[:8]) - int(f[3]) - int(f[4])) / os.sysconf("SC_CLK_TCK"), time.monotonic())
+    if since is None:
+        return now
+    return (now[0] - since[0]) / (now[1] - since[1])
+
+
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     by: dict[str, dict[str, float]] = {}
     for target in ("direct", "gateway"):
@@ -75,14 +85,16 @@ def markdown(res: dict[str, Any]) -> str:
              f"{p['input_len']} random tokens, {p['output_len']} output tokens (ignore_eos), "
              f"{p['concurrency']} concurrent, openai-chat; host: {res['host']['cpus']} CPUs, shared by vLLM, "
              f"the gateway and the client. Run order as listed.", "",
-             "| run | target | " + " | ".join(KEYS.values()) + " | failed |",
-             "|---|---|" + "---|" * len(KEYS) + "---|"]
+             "| run | target | " + " | ".join(KEYS.values()) + " | failed | host cores busy |",
+             "|---|---|" + "---|" * len(KEYS) + "---|---|"]
     for i, r in enumerate(res["runs"], 1):
-        lines.append(f"| {i} | {r['target']} | " + " | ".join(str(r[k]) for k in KEYS) + f" | {r['failed']} |")
+        lines.append(f"| {i} | {r['target']} | " + " | ".join(str(r[k]) for k in KEYS)
+                     + f" | {r['failed']} | {r['host_cores_busy']} |")
     s = res["summary"]
     for t in ("direct", "gateway"):
-        lines.append(f"| mean | {t} | " + " | ".join(str(s["mean"][t][k]) for k in KEYS) + " | |")
-    lines.append("| ratio | gateway / direct | " + " | ".join(f"{s['gateway_over_direct'][k]}×" for k in KEYS) + " | |")
+        lines.append(f"| mean | {t} | " + " | ".join(str(s["mean"][t][k]) for k in KEYS) + " | | |")
+    lines.append("| ratio | gateway / direct | " + " | ".join(f"{s['gateway_over_direct'][k]}×" for k in KEYS)
+                 + " | | |")
     return "\n".join(lines) + "\n"
 
 
@@ -92,7 +104,7 @@ def main() -> None:
     ap.add_argument("--input-len", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--concurrency", type=int, default=32)
-    ap.add_argument("--order", default="direct,gateway,gateway,direct")
+    ap.add_argument("--order", default="direct,gateway,gateway,direct,direct,gateway")
     ap.add_argument("--out", type=Path, default=HERE / "results")
     a = ap.parse_args()
     work = ROOT / ".fleet" / "bench-vllm-serve"
@@ -107,7 +119,9 @@ def main() -> None:
             for i, target in enumerate(a.order.split(",")):
                 url = vllm.url if target == "direct" else gw.url
                 print(f"run {i + 1}: {target} ...", flush=True)
-                runs.append({"target": target, **bench(a, url, f"{i + 1}-{target}", model_dir, work)})
+                load0 = _host_busy()
+                row = bench(a, url, f"{i + 1}-{target}", model_dir, work)
+                runs.append({"target": target, **row, "host_cores_busy": round(_host_busy(load0), 2)})
         finally:
             gw.stop()
     from importlib.metadata import version
