@@ -63,6 +63,15 @@ def requests_by_pid(directory: str) -> dict[int, float]:
     return out
 
 
+def healthy_in(directory: str, pid: int) -> bool:
+    """Whether worker ``pid`` has its backend in rotation (its own health gauge file)."""
+    try:
+        values = MmapedDict.read_all_values_from_file(os.path.join(directory, f"gauge_livemax_{pid}.db"))
+    except OSError:
+        return False
+    return any('"fleet_backend_healthy"' in v[0] and v[1] == 1 for v in values)
+
+
 def scrape(gw: Gateway) -> dict[str, float]:
     """Samples of one /metrics scrape, keyed 'name{label=value,...}'."""
     text = httpx.get(gw.url + "/metrics", timeout=5).text
@@ -92,6 +101,8 @@ def test_two_workers_serve_and_count_together(tmp_mod: Path, fake: FakeVllm) -> 
         assert len(pids) == 2 and all(pid_alive(p) for p in pids), pids
         directory = metrics_dir_of(pids[0])  # a worker's: the parent set it after its own start
         assert os.path.isdir(directory)
+        # Each worker probes on its own: the fixture saw one of them ready, wait for every one.
+        assert wait_until(lambda: all(healthy_in(directory, p) for p in pids), 15)
 
         # Connections are spread by the kernel; keep sending until both workers have answered.
         sent = 0
@@ -120,6 +131,8 @@ def test_two_workers_serve_and_count_together(tmp_mod: Path, fake: FakeVllm) -> 
         os.kill(pids[0], signal.SIGKILL)
         assert wait_until(lambda: len(workers_of(gw.pid)) == 2 and pids[0] not in workers_of(gw.pid), 20)
         assert wait_until(lambda: scrape(gw)["fleet_gateway_workers{}"] == 2, 20)
+        new = [p for p in workers_of(gw.pid) if p not in pids]
+        assert wait_until(lambda: all(healthy_in(directory, p) for p in new), 15)
         assert total_requests(gw) == sent
 
         # SIGTERM to the gateway alone (not its group) stops every worker and removes the directory.
