@@ -126,6 +126,10 @@ def gateway_spec(fleet: FleetFile, config_path: Path, base_env: Mapping[str, str
         overrides["FLEET_ROUTING_POLICY"] = g.routing_policy.value
     if g.routing_policies and "FLEET_ROUTING_POLICIES" not in base:
         overrides["FLEET_ROUTING_POLICIES"] = json.dumps(g.routing_policies)
+    # The Infernet JSON carries no gateway settings, so gateway.workers travels as a variable; one
+    # already in the environment wins, as for host and port.
+    if fleet.gateway.workers != 1 and "FLEET_WORKERS" not in base:
+        overrides["FLEET_WORKERS"] = str(fleet.gateway.workers)
     return LaunchSpec(
         name=GATEWAY_CHILD,
         argv=argv,

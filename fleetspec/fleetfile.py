@@ -32,6 +32,7 @@ class GatewaySection(_Strict):
     # The gateway's routing policy for every model, and per served name (gateway/routing.py).
     routing_policy: Policy = Policy.LEAST_IN_FLIGHT
     routing_policies: dict[str, Policy] = Field(default_factory=dict)
+    workers: int = Field(1, ge=1, le=256)  # gateway server processes (README: what each keeps to itself)
 
 
 class SupervisorSection(_Strict):

@@ -3,11 +3,23 @@
 ``model`` is always a name some backend serves, or ``unknown``; ``backend`` is a configured
 backend name, or ``none`` when the request never reached one. Label children are cached because
 ``labels()`` takes a lock and formats a key on every call, and this runs per request.
+
+With several workers (``FLEET_WORKERS``) prometheus_client runs in its multiprocess mode (the
+parent sets ``PROMETHEUS_MULTIPROC_DIR`` before the workers start): every process writes its values
+to files there and ``render()`` reads them all, so a scrape of any worker shows the whole gateway.
+Counters and histograms add up, dead workers' counts included (they happened); gauges say how
+to combine: in-flight and queue depth are summed over live workers, healthy is the max over live
+workers (in rotation in at least one of them). With one worker nothing of this runs.
 """
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+import glob
+import os
+import re
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, values
+from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 
 UNKNOWN_MODEL = "unknown"
 NO_BACKEND = "none"
@@ -26,9 +38,10 @@ class GatewayMetrics:
                                   ["model"], buckets=_DURATION_BUCKETS, registry=r)
         self.ttfb = Histogram("fleet_time_to_first_byte_seconds", "Request in to first response body byte out",
                               ["model"], buckets=_TTFB_BUCKETS, registry=r)
-        self.healthy = Gauge("fleet_backend_healthy", "1 while the backend is in rotation", ["backend"], registry=r)
+        self.healthy = Gauge("fleet_backend_healthy", "1 while the backend is in rotation", ["backend"], registry=r,
+                             multiprocess_mode="livemax")
         self.in_flight = Gauge("fleet_backend_in_flight", "Requests the gateway has open to the backend",
-                               ["backend"], registry=r)
+                               ["backend"], registry=r, multiprocess_mode="livesum")
         self.retries = Counter("fleet_retries_total", "Requests sent again to another replica before any byte",
                                ["model"], registry=r)
         self.upstream_failures = Counter("fleet_upstream_failures_total",
@@ -43,7 +56,17 @@ class GatewayMetrics:
                                 "Requests refused with 429 by backpressure: queue_full, queue_timeout, max_in_flight",
                                 ["reason"], registry=r)
         self.queue_depth = Gauge("fleet_queue_depth", "Requests waiting for a free replica of the model",
-                                 ["model"], registry=r)
+                                 ["model"], registry=r, multiprocess_mode="livesum")
+        self.workers = Gauge("fleet_gateway_workers", "Gateway worker processes alive", registry=r,
+                             multiprocess_mode="livesum")
+        self.workers.set(1)
+        # Decided by prometheus_client when it was imported, from the environment; follow it.
+        files = values.ValueClass is not values.MutexValue
+        self._mp_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR") if files else None
+        self._mp_registry: CollectorRegistry | None = None
+        if self._mp_dir:
+            self._mp_registry = CollectorRegistry()
+            MultiProcessCollector(self._mp_registry, self._mp_dir)  # type: ignore[no-untyped-call]
         self.routing = Counter("fleet_routing_decisions_total",
                                "Replica choices by model, policy and reason: balanced, prefix_match, prefix_miss, "
                                "session, affinity_overloaded", ["model", "policy", "reason"], registry=r)
@@ -86,4 +109,26 @@ class GatewayMetrics:
         return child
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        if self._mp_registry is None or self._mp_dir is None:
+            return generate_latest(self.registry)
+        _forget_dead(self._mp_dir)
+        return generate_latest(self._mp_registry)
+
+
+_LIVE_FILE = re.compile(r"gauge_live\w+_(\d+)\.db$")
+
+
+def _forget_dead(directory: str) -> None:
+    """Drop the live-gauge files of workers that are gone (crashed and replaced by uvicorn, or
+    stopped), so their last in-flight and health values stop counting. Once per scrape: cheap."""
+    for path in glob.glob(os.path.join(directory, "gauge_live*_*.db")):
+        m = _LIVE_FILE.search(path)
+        if m is None:
+            continue
+        pid = int(m.group(1))
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            mark_process_dead(pid, directory)  # type: ignore[no-untyped-call]
+        except PermissionError:
+            pass  # alive, someone else's

@@ -11,6 +11,8 @@ from fleetspec.errors import ConfigError, key_path
 from fleetspec.policies import Policy
 from gateway.routing import SCRAPING
 
+MAX_WORKERS = 256
+
 
 class GatewaySettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="FLEET_", extra="ignore")
@@ -74,6 +76,10 @@ class GatewaySettings(BaseSettings):
 
     log_level: str = "info"
     access_log: bool = False
+
+    # Server processes sharing the listening socket. Each keeps its own pool, probes and limiter
+    # (gateway/workers.py divides the limits above among them); metrics are summed across them.
+    workers: int = Field(1, ge=1, le=MAX_WORKERS)
 
     @classmethod
     def settings_customise_sources(

@@ -46,6 +46,8 @@ def _parser() -> argparse.ArgumentParser:
     pl.add_argument("--json", action="store_true", help="print the plan as JSON")
     gw = sub.add_parser("gateway", help="run the gateway alone")
     gw.add_argument("-c", "--config", required=True, help="Infernet-style JSON (either shape) or a fleet file")
+    gw.add_argument("--workers", type=int, default=None, metavar="N",
+                    help="gateway server processes on the one port (default: FLEET_WORKERS, gateway.workers, 1)")
     ck = sub.add_parser("check", help="validate a fleet file and print the resolved plan")
     ck.add_argument("-c", "--config", required=True)
     sub.add_parser("gpus", help="GPUs as NVML sees them, with their VRAM tier")
@@ -65,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "gateway":
             from gateway.main import run_gateway
 
-            return run_gateway(args.config)
+            return run_gateway(args.config, args.workers)
         if args.command == "plan":
             from fleet_planner.command import cmd_plan
 

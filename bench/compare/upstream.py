@@ -167,9 +167,12 @@ class Server(asyncio.Protocol):
         self._pace(start, i + 1, n, tok, tail)
 
 
-async def serve(port: int) -> None:
+async def serve(port: int, reuse_port: bool = False) -> None:
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(Server, "127.0.0.1", port, backlog=4096, reuse_address=True)
+    # reuse_port: several of these processes share one port (bench/workers, where one core of
+    # upstream is not enough for many gateway workers); the kernel spreads connections.
+    server = await loop.create_server(Server, "127.0.0.1", port, backlog=4096, reuse_address=True,
+                                      reuse_port=reuse_port)
     print(f"upstream on {port}", flush=True)
     await server.serve_forever()
 
@@ -178,14 +181,15 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--token-ms", type=float, default=20.0)
+    ap.add_argument("--reuse-port", action="store_true")
     a = ap.parse_args()
     Server.token_s = a.token_ms / 1000
     try:
         import uvloop
     except ImportError:
-        asyncio.run(serve(a.port))
+        asyncio.run(serve(a.port, a.reuse_port))
     else:
-        uvloop.run(serve(a.port))
+        uvloop.run(serve(a.port, a.reuse_port))
 
 
 if __name__ == "__main__":

@@ -74,6 +74,14 @@ def test_gateway_spec_env_and_config_path() -> None:
     assert custom.argv == ["my-gw", "--config=/c.json"]
 
 
+def test_gateway_workers_travel_as_a_variable() -> None:
+    assert "FLEET_WORKERS" not in gateway_spec(fleet(), Path("/x.json"), base_env={}).env_overrides
+    spec = gateway_spec(fleet(gateway={"workers": 4}), Path("/x.json"), base_env={})
+    assert spec.env_overrides["FLEET_WORKERS"] == "4" and spec.env["FLEET_WORKERS"] == "4"
+    user = gateway_spec(fleet(gateway={"workers": 4}), Path("/x.json"), base_env={"FLEET_WORKERS": "2"})
+    assert user.env["FLEET_WORKERS"] == "2" and "FLEET_WORKERS" not in user.env_overrides
+
+
 def test_backoff_is_exponential_and_capped() -> None:
     cfg = SupervisorSection(backoff_initial_s=0.5, backoff_max_s=5)
     assert [backoff_delay(cfg, n) for n in range(1, 7)] == [0.5, 1.0, 2.0, 4.0, 5.0, 5.0]

@@ -146,7 +146,7 @@ class Gateway(Proc):
     """``python -m gateway -c FILE`` with fast health settings unless overridden."""
 
     def __init__(self, tmp: Path, config: dict[str, Any], env: dict[str, str] | None = None,
-                 wait_ready: bool = True) -> None:
+                 wait_ready: bool = True, args: Sequence[str] = ()) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         keys = (env or {}).get("FLEET_API_KEYS", "").split(",")
@@ -155,7 +155,7 @@ class Gateway(Proc):
         cfg.write_text(json.dumps(config))
         base = {"FLEET_HOST": "127.0.0.1", "FLEET_PORT": str(self.port), "FLEET_HEALTH_INTERVAL_S": "0.2",
                 "FLEET_HEALTH_FAILURES": "2", "FLEET_HEALTH_SUCCESSES": "2", "FLEET_LOG_LEVEL": "info"}
-        super().__init__([sys.executable, "-m", "gateway", "-c", str(cfg)], tmp / f"gateway-{self.port}.log",
+        super().__init__([sys.executable, "-m", "gateway", "-c", str(cfg), *args], tmp / f"gateway-{self.port}.log",
                          {**base, **(env or {})})
         def ready() -> None:
             wait_http(self.url + "/health", self)

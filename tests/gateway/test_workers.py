@@ -1,0 +1,181 @@
+"""Several gateway workers (``--workers N``): real processes, the fake vLLM, metrics across workers."""
+
+from __future__ import annotations
+
+import glob
+import os
+import signal
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client.mmap_dict import MmapedDict
+from prometheus_client.parser import text_string_to_metric_families
+
+from gateway.settings import GatewaySettings
+from gateway.workers import share
+from tests.support.procs import FakeVllm, Gateway, group_members, instances, pid_alive, stat_fields, wait_until
+from vllm_fleet.cli import main as cli
+
+BODY = b'{"model": "m1", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}'
+HEADERS = {"content-type": "application/json", "connection": "close"}  # a new connection each time
+
+
+@pytest.fixture(scope="module")
+def fake(tmp_mod: Path) -> Iterator[FakeVllm]:
+    f = FakeVllm(tmp_mod, ["m1"])
+    try:
+        yield f
+    finally:
+        f.stop()
+
+
+def workers_of(parent: int) -> list[int]:
+    """uvicorn's spawned workers: the parent's children running multiprocessing's spawn_main."""
+    found = []
+    for entry in os.listdir("/proc"):
+        fields = stat_fields(entry) if entry.isdigit() else None
+        if fields is None or int(fields[1]) != parent or fields[0] == b"Z":
+            continue
+        try:
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"spawn_main" in cmdline:
+            found.append(int(entry))
+    return sorted(found)
+
+
+def metrics_dir_of(pid: int) -> str:
+    env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return next(e.split(b"=", 1)[1].decode() for e in env if e.startswith(b"PROMETHEUS_MULTIPROC_DIR="))
+
+
+def requests_by_pid(directory: str) -> dict[int, float]:
+    """fleet_requests_total per worker, straight from each worker's own file."""
+    out: dict[int, float] = {}
+    for f in glob.glob(os.path.join(directory, "counter_*.db")):
+        pid = int(f.rsplit("_", 1)[1].removesuffix(".db"))
+        values = MmapedDict.read_all_values_from_file(f)
+        out[pid] = sum(v[1] for v in values if '"fleet_requests_total"' in v[0])
+    return out
+
+
+def healthy_in(directory: str, pid: int) -> bool:
+    """Whether worker ``pid`` has its backend in rotation (its own health gauge file)."""
+    try:
+        values = MmapedDict.read_all_values_from_file(os.path.join(directory, f"gauge_livemax_{pid}.db"))
+    except OSError:
+        return False
+    return any('"fleet_backend_healthy"' in v[0] and v[1] == 1 for v in values)
+
+
+def scrape(gw: Gateway) -> dict[str, float]:
+    """Samples of one /metrics scrape, keyed 'name{label=value,...}'."""
+    text = httpx.get(gw.url + "/metrics", timeout=5).text
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out[s.name + "{" + ",".join(f"{k}={v}" for k, v in sorted(s.labels.items())) + "}"] = s.value
+    return out
+
+
+def total_requests(gw: Gateway) -> float:
+    return sum(v for k, v in scrape(gw).items() if k.startswith("fleet_requests_total{") and "model=m1" in k)
+
+
+def send(gw: Gateway, n: int) -> None:
+    def one(_: int) -> int:
+        return httpx.post(gw.url + "/v1/chat/completions", content=BODY, headers=HEADERS, timeout=10).status_code
+
+    with ThreadPoolExecutor(8) as ex:
+        assert set(ex.map(one, range(n))) == {200}
+
+
+def test_two_workers_serve_and_count_together(tmp_mod: Path, fake: FakeVllm) -> None:
+    gw = Gateway(tmp_mod, instances(fake), args=["--workers", "2"])
+    try:
+        pids = workers_of(gw.pid)
+        assert len(pids) == 2 and all(pid_alive(p) for p in pids), pids
+        directory = metrics_dir_of(pids[0])  # a worker's: the parent set it after its own start
+        assert os.path.isdir(directory)
+        # Each worker probes on its own: the fixture saw one of them ready, wait for every one.
+        assert wait_until(lambda: all(healthy_in(directory, p) for p in pids), 15)
+
+        # Connections are spread by the kernel; keep sending until both workers have answered.
+        sent = 0
+        while sent < 2000:
+            send(gw, 100)
+            sent += 100
+            by_pid = requests_by_pid(directory)
+            if all(by_pid.get(p, 0) > 0 for p in pids):
+                break
+        assert all(by_pid.get(p, 0) > 0 for p in pids), by_pid
+        # A scrape of whichever worker answers shows the whole gateway.
+        for _ in range(4):
+            assert total_requests(gw) == sent
+        m = scrape(gw)
+        assert m["fleet_gateway_workers{}"] == 2
+        assert m[f"fleet_backend_healthy{{backend=fake-{fake.port}}}"] == 1
+        assert m[f"fleet_backend_in_flight{{backend=fake-{fake.port}}}"] == 0
+
+        # A streamed answer goes through a worker chunk by chunk as with one process.
+        with httpx.stream("POST", gw.url + "/v1/chat/completions", timeout=10, headers=HEADERS,
+                          content=BODY.replace(b'"max_tokens": 4', b'"stream": true')) as r:
+            assert r.status_code == 200 and b"data: [DONE]" in r.read()
+        sent += 1
+
+        # A worker that dies is replaced; its counts stay, its live gauges go.
+        os.kill(pids[0], signal.SIGKILL)
+        assert wait_until(lambda: len(workers_of(gw.pid)) == 2 and pids[0] not in workers_of(gw.pid), 20)
+        assert wait_until(lambda: scrape(gw)["fleet_gateway_workers{}"] == 2, 20)
+        new = [p for p in workers_of(gw.pid) if p not in pids]
+        assert wait_until(lambda: all(healthy_in(directory, p) for p in new), 15)
+        assert total_requests(gw) == sent
+
+        # SIGTERM to the gateway alone (not its group) stops every worker and removes the directory.
+        os.kill(gw.pid, signal.SIGTERM)
+        assert gw.popen.wait(20) == 0
+        assert wait_until(lambda: not group_members(gw.pid), 10), group_members(gw.pid)
+        assert not os.path.exists(directory)
+    finally:
+        gw.stop()
+
+
+def test_one_worker_writes_no_metric_files(tmp_mod: Path, fake: FakeVllm) -> None:
+    gw = Gateway(tmp_mod, instances(fake))
+    try:
+        assert workers_of(gw.pid) == []
+        send(gw, 3)
+        assert b"fleet-gateway-metrics" not in Path(f"/proc/{gw.pid}/maps").read_bytes()  # no mmapped files
+        assert total_requests(gw) == 3 and scrape(gw)["fleet_gateway_workers{}"] == 1
+    finally:
+        gw.stop()
+
+
+@pytest.mark.parametrize(("args", "env", "fleet", "key"), [
+    (["--workers", "0"], {}, "", "--workers"),
+    ([], {"FLEET_WORKERS": "many"}, "", "workers"),
+    ([], {"FLEET_WORKERS": "0"}, "", "workers"),
+    ([], {}, "gateway: {workers: 0}\n", "gateway.workers"),
+])
+def test_bad_workers_exits_2_naming_the_key(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                            monkeypatch: pytest.MonkeyPatch, args: list[str],
+                                            env: dict[str, str], fleet: str, key: str) -> None:
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    path = tmp_path / "fleet.yaml"
+    path.write_text(fleet + "instances: [{name: a, model: m, device: cpu}]\n")
+    assert cli(["gateway", "-c", str(path), *args]) == 2
+    err = capsys.readouterr().err
+    assert key in err and "Traceback" not in err, err
+
+
+def test_limits_are_divided_among_workers() -> None:
+    s = share(GatewaySettings(workers=3, backend_max_concurrency=256, backend_queue=0, max_in_flight=4096))
+    assert (s.backend_max_concurrency, s.backend_queue, s.max_in_flight) == (86, 0, 1366)
+    one = GatewaySettings(backend_max_concurrency=7)
+    assert share(one) is one
+
