@@ -93,8 +93,11 @@ def test_load_aware_avoids_the_replica_vllm_says_is_busy(tmp_path: Path, pair: t
         assert len(collections.Counter(_chat(gw, msgs, model="n") for _ in range(10))) == 2
         a.configure(load_running=0, load_waiting=0)
         b.configure(load_kv=0.95)  # now b's cache is nearly full
-        assert wait_until(lambda: next(x for x in httpx.get(gw.url + "/fleet").json()["backends"]
-                                       if x["name"] == f"fake-{b.port}")["load"]["kv_cache_usage"] == 0.95)
+
+        def rescraped() -> bool:  # both changes seen: a idle again, b's cache nearly full
+            loads = {x["name"]: x["load"] for x in httpx.get(gw.url + "/fleet").json()["backends"]}
+            return loads[f"fake-{a.port}"]["waiting"] == 0 and loads[f"fake-{b.port}"]["kv_cache_usage"] == 0.95
+        assert wait_until(rescraped)
         assert collections.Counter(_chat(gw, msgs) for _ in range(10)) == {f"fake-{a.port}": 10}
         d = _decisions(gw)
         assert d[("m", "load_aware", "balanced")] == 20 and d[("n", "round_robin", "balanced")] == 10
