@@ -7,9 +7,7 @@ each time a backend comes (back) into rotation, since a restarted server may ser
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import random
 from collections.abc import Callable
 from typing import Any
 
@@ -17,38 +15,32 @@ import aiohttp
 
 from gateway.backend import HEALTHY, UNHEALTHY, Backend
 from gateway.metrics import GatewayMetrics
+from gateway.poller import BackendPoller
 from gateway.pool import BackendPool
 from gateway.settings import GatewaySettings
 
 log = logging.getLogger("gateway.health")
 
 
-class HealthChecker:
+class HealthChecker(BackendPoller):
+    kind = "health probe"
+
     def __init__(self, pool: BackendPool, settings: GatewaySettings, metrics: GatewayMetrics,
                  on_rotation: Callable[[Backend], None] | None = None) -> None:
+        super().__init__(pool.backends, settings.health_interval_s, min(0.2, settings.health_interval_s),
+                         settings.health_timeout_s, settings.upstream_api_key)
         self.pool = pool
         self.on_rotation = on_rotation  # told when a backend (re)enters rotation: queued requests may use it
         self.settings = settings
         self.metrics = metrics
-        self._tasks: list[asyncio.Task[None]] = []
-        self._session: aiohttp.ClientSession | None = None
 
     async def start(self) -> None:
-        timeout = aiohttp.ClientTimeout(total=self.settings.health_timeout_s)
-        key = self.settings.upstream_api_key
-        headers = {"Authorization": f"Bearer {key}"} if key else {}
-        self._session = aiohttp.ClientSession(timeout=timeout, headers=headers)
         for b in self.pool.backends:
             self.metrics.healthy.labels(b.name).set(0)
-            self._tasks.append(asyncio.create_task(self._loop(b), name=f"health:{b.name}"))
+        await super().start()
 
-    async def stop(self) -> None:
-        for t in self._tasks:
-            t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._tasks.clear()
-        if self._session is not None:
-            await self._session.close()
+    async def poll(self, b: Backend) -> None:
+        await self.probe_once(b)
 
     async def probe_once(self, b: Backend) -> None:
         ok, error = await self._probe(b)
@@ -66,20 +58,9 @@ class HealthChecker:
         elif b.healthy and not b.models:
             await self._discover(b)
 
-    async def _loop(self, b: Backend) -> None:
-        # Spread the probes of many backends over the interval instead of firing them together.
-        await asyncio.sleep(random.uniform(0, min(0.2, self.settings.health_interval_s)))
-        while True:
-            try:
-                await self.probe_once(b)
-            except Exception:  # a probe bug must not end the loop that keeps routing honest
-                log.exception("health probe of %s failed unexpectedly", b.name)
-            await asyncio.sleep(self.settings.health_interval_s)
-
     async def _probe(self, b: Backend) -> tuple[bool, str | None]:
-        assert self._session is not None
         try:
-            async with self._session.get(b.url + "/health") as r:
+            async with self.session.get(b.url + "/health") as r:
                 await r.read()
                 return (True, None) if r.status == 200 else (False, f"/health answered {r.status}")
         except TimeoutError:
@@ -88,9 +69,8 @@ class HealthChecker:
             return False, f"/health failed: {e.__class__.__name__}: {e}"
 
     async def _discover(self, b: Backend) -> None:
-        assert self._session is not None
         try:
-            async with self._session.get(b.url + "/v1/models") as r:
+            async with self.session.get(b.url + "/v1/models") as r:
                 body: Any = await r.json(content_type=None) if r.status == 200 else None
         except (TimeoutError, aiohttp.ClientError, ValueError) as e:
             log.warning("could not list models of %s: %s", b.name, e)

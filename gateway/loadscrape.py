@@ -10,15 +10,14 @@ counts alone.
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import random
 import time
 from dataclasses import dataclass
 
 import aiohttp
 
 from gateway.backend import Backend
+from gateway.poller import BackendPoller
 
 log = logging.getLogger("gateway.loadscrape")
 
@@ -72,11 +71,16 @@ def parse_load(text: bytes, at: float = 0.0, gateway_in_flight: int = 0) -> Upst
     return UpstreamLoad(at=at, gateway_in_flight=gateway_in_flight, **found)
 
 
+def _fresh(b: Backend, now: float, max_age: float) -> UpstreamLoad | None:
+    u = b.load
+    return u if u is not None and now - u.at <= max_age else None
+
+
 def load_estimate(b: Backend, now: float, max_age: float) -> float:
     """Requests on the backend now: the gateway's own, plus those the last fresh scrape saw beyond
     the gateway's own at that moment (other clients, other workers)."""
-    u = b.load
-    if u is None or now - u.at > max_age:
+    u = _fresh(b, now, max_age)
+    if u is None:
         return float(b.in_flight)
     return b.in_flight + max(0.0, u.running + u.waiting - u.gateway_in_flight)
 
@@ -88,42 +92,24 @@ KV_WEIGHT = 4.0
 def load_score(b: Backend, now: float, max_age: float) -> float:
     """Lower is better. The estimate above, plus the engine's queue once more (queued requests
     mean the replica is saturated, not just busy) and the KV-cache pressure."""
-    u = b.load
+    u = _fresh(b, now, max_age)
     base = load_estimate(b, now, max_age)
-    if u is None or now - u.at > max_age:
-        return base
-    return base + u.waiting + KV_WEIGHT * u.kv_usage
+    return base if u is None else base + u.waiting + KV_WEIGHT * u.kv_usage
 
 
-class LoadScraper:
-    """One task per backend: GET /metrics every ``interval`` seconds while the backend is in rotation."""
+class LoadScraper(BackendPoller):
+    """GET /metrics of every backend in rotation every ``interval`` seconds."""
+
+    kind = "load scrape"
 
     def __init__(self, backends: list[Backend], interval: float, timeout: float, api_key: str | None) -> None:
-        self.backends = backends
-        self.interval = interval
-        self.max_age = interval * STALE_INTERVALS
-        self._timeout = timeout
-        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._session: aiohttp.ClientSession | None = None
-        self._tasks: list[asyncio.Task[None]] = []
+        super().__init__(backends, interval, interval, timeout, api_key)
 
-    async def start(self) -> None:
-        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self._timeout),
-                                              headers=self._headers)
-        self._tasks = [asyncio.create_task(self._loop(b), name=f"load:{b.name}") for b in self.backends]
-
-    async def stop(self) -> None:
-        for t in self._tasks:
-            t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._tasks.clear()
-        if self._session is not None:
-            await self._session.close()
-
-    async def scrape_once(self, b: Backend) -> None:
-        assert self._session is not None
+    async def poll(self, b: Backend) -> None:
+        if not b.healthy:
+            return
         try:
-            async with self._session.get(b.url + "/metrics") as r:
+            async with self.session.get(b.url + "/metrics") as r:
                 body = await r.read()
                 if r.status != 200:
                     return
@@ -131,13 +117,3 @@ class LoadScraper:
             log.debug("load scrape of %s failed: %s", b.name, e)
             return
         b.load = parse_load(body, time.monotonic(), b.in_flight)
-
-    async def _loop(self, b: Backend) -> None:
-        await asyncio.sleep(random.uniform(0, self.interval))  # spread the backends' scrapes
-        while True:
-            if b.healthy:
-                try:
-                    await self.scrape_once(b)
-                except Exception:  # a parsing bug must not end the loop; routing falls back to in-flight
-                    log.exception("load scrape of %s failed unexpectedly", b.name)
-            await asyncio.sleep(self.interval)
