@@ -10,3 +10,7 @@ class Policy(StrEnum):
     LEAST_IN_FLIGHT = "least_in_flight"
     LOAD_AWARE = "load_aware"
     PREFIX_AWARE = "prefix_aware"
+
+
+# Policies that read each backend's /metrics (so the gateway runs its load scraper).
+SCRAPING = frozenset({Policy.LOAD_AWARE, Policy.PREFIX_AWARE})

@@ -74,7 +74,6 @@ class FleetGateway:
     def _build_api(self) -> FastAPI:
         @asynccontextmanager
         async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-            await self.proxy.start()
             await self.health.start()
             if self.scraper is not None:
                 await self.scraper.start()

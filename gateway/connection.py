@@ -57,7 +57,6 @@ class UpstreamConnection(asyncio.Protocol):
         self._on_lost = on_lost
         self._parser = httptools.HttpResponseParser(self)
         self.closed = False
-        self.uses = 0  # requests started on this connection; a failure on a reused one may be a stale close
         self._reset()
 
     def _reset(self) -> None:
@@ -82,7 +81,6 @@ class UpstreamConnection(asyncio.Protocol):
         assert self.transport is not None and not self.busy
         self._reset()
         self.busy = True
-        self.uses += 1
         if len(request) == 1 or sum(map(len, request)) < 65536:
             self.transport.write(b"".join(request))  # one write, one syscall
         else:

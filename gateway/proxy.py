@@ -82,9 +82,6 @@ class Proxy:
         self._ids = RequestIds()
         self._affinity_header = settings.affinity_header.lower().encode("latin-1")
 
-    async def start(self) -> None:
-        pass  # connections open on demand
-
     async def stop(self) -> None:
         self.upstream.close()
 
@@ -291,8 +288,7 @@ class Proxy:
                 first_byte()
                 flight.done = True
                 await send({"type": "http.response.body", "body": conn.take_body(), "more_body": False})
-                self.metrics.count(model, backend.name, conn.status)
-                self.metrics.observe_duration(model, time.perf_counter() - t0)
+                self._answered(model, backend, conn.status, t0)
                 return
             conn.attach(relay)
             while not await conn.body_end(idle_s, deadline):
@@ -328,5 +324,8 @@ class Proxy:
             first_byte()
         flight.done = True
         await send({"type": "http.response.body", "body": b"", "more_body": False})
-        self.metrics.count(model, backend.name, conn.status)
+        self._answered(model, backend, conn.status, t0)
+
+    def _answered(self, model: str, backend: Backend, status: int, t0: float) -> None:
+        self.metrics.count(model, backend.name, status)
         self.metrics.observe_duration(model, time.perf_counter() - t0)

@@ -28,8 +28,6 @@ from gateway.backend import Backend
 from gateway.loadscrape import load_estimate, load_score
 from gateway.prefix import HashRing, PrefixIndex, block_hashes, prompt_text
 
-SCRAPING = frozenset({Policy.LOAD_AWARE, Policy.PREFIX_AWARE})
-
 # Reasons, the metric's label values.
 BALANCED = "balanced"  # the policy's load (or turn) based choice
 PREFIX_MATCH = "prefix_match"
@@ -80,8 +78,9 @@ class Router:
     def _least(self, usable: Sequence[Backend], score: Callable[[Backend], float]) -> Backend:
         if len(usable) == 1:
             return usable[0]
-        best = min(score(b) for b in usable)
-        ties = [b for b in usable if score(b) == best]
+        scores = [score(b) for b in usable]  # once each: a load score reads the scrape and the clock
+        best = min(scores)
+        ties = [b for b, x in zip(usable, scores, strict=True) if x == best]
         return ties[0] if len(ties) == 1 else ties[next(self._turn) % len(ties)]
 
     def _affine(self, group: Sequence[Backend], usable: Sequence[Backend], hint: Hint,

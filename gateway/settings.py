@@ -8,8 +8,7 @@ from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from fleetspec.errors import ConfigError, key_path
-from fleetspec.policies import Policy
-from gateway.routing import SCRAPING
+from fleetspec.policies import SCRAPING, Policy
 
 MAX_WORKERS = 256
 
