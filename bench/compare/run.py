@@ -13,13 +13,19 @@ Phases, per target, each bounded in count and in time:
 row is upstream + load generator CPU over wall time: near 1.0 means CPU 1, not the proxy, was
 the limit. A target that cannot be installed or started is reported as unavailable, never guessed.
 
-    .venv/bin/python bench/compare/run.py [--quick] [--targets gateway,nginx,vllm-router,litellm]
+Every number moves from run to run on a shared 2-core VM (the router's own CPU per request
+between 64 and 124 µs in one session), so the whole set is measured ``--passes`` times (3),
+targets one after another in each pass, and the table gives each row's median over the passes;
+the issue's targets are judged on the medians, with each pass's value listed beside them.
+
+    .venv/bin/python bench/compare/run.py [--quick] [--passes N] [--targets gateway,nginx,vllm-router,litellm]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import platform
@@ -62,6 +68,10 @@ class Meter:
 
 
 def phase(meter: Meter, coro: Any) -> tuple[loadgen.Result, dict[str, float]]:
+    # The load generator is Python too: a full collection of its heap (15-30 ms measured) in the
+    # middle of a phase would show up as every target's tail latency. Collect and freeze first.
+    gc.collect()
+    gc.freeze()
     a = meter.snap()
     res = _run(coro)
     return res, Meter.delta(a, meter.snap())
@@ -129,6 +139,18 @@ def measure(url: str, meter: Meter, a: argparse.Namespace, light: bool) -> dict[
     return row
 
 
+def _measure_target(name: str, work: Path, up_url: str, upstream: Proc, a: argparse.Namespace) -> dict[str, Any]:
+    proc = None
+    try:
+        proc, url, ver = STARTERS[name](work, up_url, PROXY_CPU, a.venvs)
+        return {"version": ver, **measure(url, Meter(proc, upstream), a, name == "litellm")}
+    except Unavailable as e:
+        return {"unavailable": str(e)[:500]}
+    finally:
+        if proc is not None:
+            proc.stop()
+
+
 def _other_load(seconds: float = 2.0) -> float:
     """Cores busy on this host over a short idle window, before the benchmark starts anything."""
     def busy() -> float:
@@ -147,19 +169,21 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--targets", default="gateway,nginx,vllm-router,litellm")
     ap.add_argument("--seq", type=int, default=1000, help="requests one at a time")
-    ap.add_argument("--requests", type=int, default=5000, help="requests at 64 concurrent")
+    ap.add_argument("--requests", type=int, default=20000, help="requests at 64 concurrent")
     ap.add_argument("--tokens", type=int, default=200, help="tokens per stream, burst phase")
     ap.add_argument("--paced-streams", type=int, default=256)
     ap.add_argument("--paced-tokens", type=int, default=100)
     ap.add_argument("--rounds", type=int, default=3, help="paced streams per worker, one after another")
     ap.add_argument("--token-ms", type=float, default=20.0)
+    ap.add_argument("--passes", type=int, default=3,
+                    help="measure every target this many times, alternating; the table gives the medians")
     ap.add_argument("--phase-limit-s", type=float, default=60.0)
     ap.add_argument("--venvs", type=Path, default=ROOT / "bench" / "results" / "venvs")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     ap.add_argument("--quick", action="store_true", help="a fifth of the counts, for a smoke run")
     a = ap.parse_args()
     if a.quick:
-        a.seq, a.requests, a.rounds, a.paced_tokens = a.seq // 5, a.requests // 5, 2, 50
+        a.seq, a.requests, a.rounds, a.paced_tokens, a.passes = a.seq // 5, a.requests // 5, 2, 50, 1
     work = a.out / "compare-work"
     work.mkdir(parents=True, exist_ok=True)
     a.venvs.mkdir(parents=True, exist_ok=True)
@@ -175,27 +199,28 @@ def main() -> None:
         "host": {"cpus": os.cpu_count(), "pinned": TWO_CPUS, "python": platform.python_version(),
                  "kernel": platform.release(), "other_cpu_before_cores": round(res_host_other, 2)},
         "params": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()},
-        "targets": {},
     }
+    names = [t.strip() for t in a.targets.split(",") if t.strip()]
+    passes: list[dict[str, Any]] = []
     try:
-        print("direct ...", flush=True)
-        res["targets"]["direct"] = {"version": "fake upstream (bench/compare/upstream.py)",
-                                    **measure(up_url, Meter(None, upstream), a, False)}
-        for name in [t.strip() for t in a.targets.split(",") if t.strip()]:
-            print(f"{name} ...", flush=True)
-            proc = None
-            try:
-                proc, url, ver = STARTERS[name](work, up_url, PROXY_CPU, a.venvs)
-                res["targets"][name] = {"version": ver, **measure(url, Meter(proc, upstream), a, name == "litellm")}
-            except Unavailable as e:
-                res["targets"][name] = {"unavailable": str(e)[:500]}
-            finally:
-                if proc is not None:
-                    proc.stop()
+        for i in range(a.passes):
+            # Every pass measures direct and then each target afresh (new processes), so that each
+            # pass's ratios and "added" figures come from numbers taken minutes apart at most.
+            targets: dict[str, Any] = {}
+            print(f"pass {i + 1}/{a.passes}: direct ...", flush=True)
+            targets["direct"] = {"version": "fake upstream (bench/compare/upstream.py)",
+                                 **measure(up_url, Meter(None, upstream), a, False)}
+            for name in names:
+                print(f"pass {i + 1}/{a.passes}: {name} ...", flush=True)
+                targets[name] = _measure_target(name, work, up_url, upstream, a)
+            passes.append({"targets": targets})
     finally:
         upstream.stop()
+    for p in passes:
+        report.derive(p)
+    res["targets"] = report.combine([p["targets"] for p in passes])
     res["wall_s"] = round(time.monotonic() - t_start, 1)
-    report.derive(res)
+    report.derive(res, passes)
     md = report.markdown(res)
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "compare.json").write_text(json.dumps(res, indent=2))

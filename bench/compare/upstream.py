@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import time
 
@@ -174,6 +175,7 @@ async def serve(port: int, reuse_port: bool = False) -> None:
     server = await loop.create_server(Server, "127.0.0.1", port, backlog=4096, reuse_address=True,
                                       reuse_port=reuse_port)
     print(f"upstream on {port}", flush=True)
+    gc.freeze()  # as the gateway does: no full collection of the startup heap mid-phase
     await server.serve_forever()
 
 
