@@ -13,13 +13,9 @@ ADDED = (("p50_ms_1", "added_p50_ms_1"), ("p99_ms_1", "added_p99_ms_1"), ("p50_m
 CPU = ("cpu_us_per_request_64", "cpu_us_per_event_burst64", "cpu_us_per_event_paced256")
 
 
-def derive(res: dict[str, Any], passes: list[dict[str, Any]] | None = None) -> None:
-    """Added and ratio rows of one pass; with ``passes`` (already derived), the issue's targets judged
-    on ``res``'s medians, each with its value in every pass."""
+def judge(res: dict[str, Any], passes: list[dict[str, Any]]) -> None:
+    """The issue's targets, judged on ``res``'s medians, each with its value in every pass."""
     t = res["targets"]
-    if passes is None:
-        _added_and_ratios(t)
-        return
     gw = t.get("gateway", {})
     if "unavailable" in gw or not gw:
         return
@@ -51,7 +47,9 @@ def derive(res: dict[str, Any], passes: list[dict[str, Any]] | None = None) -> N
     res["issue_targets"] = checks
 
 
-def _added_and_ratios(t: dict[str, Any]) -> None:
+def derive(one_pass: dict[str, Any]) -> None:
+    """One pass's "added" rows (against its own direct) and ratios (against its own vllm-router)."""
+    t = one_pass["targets"]
     direct = t.get("direct", {})
     router = t.get("vllm-router", {})
     for name, row in t.items():

@@ -228,7 +228,7 @@ def main() -> None:
     res["targets"] = report.combine([p["targets"] for p in passes])
     res["passes"] = passes  # every pass's own rows, in the JSON only
     res["wall_s"] = round(time.monotonic() - t_start, 1)
-    report.derive(res, passes)
+    report.judge(res, passes)
     md = report.markdown(res)
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "compare.json").write_text(json.dumps(res, indent=2))
