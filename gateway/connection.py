@@ -89,11 +89,7 @@ class UpstreamConnection(asyncio.Protocol):
     async def response_head(self, deadline: float) -> None:
         """Until the response head is in; raises UpstreamError or TimeoutError (at ``deadline``)."""
         if not self.status and self.error is None:
-            timer = self.loop.call_at(deadline, self._time_out)
-            try:
-                await self._wait()
-            finally:
-                timer.cancel()
+            await self._wait(self.loop.call_at(deadline, self._time_out))
         if self.error is not None:
             raise self.error
 
@@ -112,12 +108,7 @@ class UpstreamConnection(asyncio.Protocol):
         client's pending send, then call ``resume()``). Raises BrokenResponse, or TimeoutError when no
         chunk came for ``idle_s`` (detected up to a quarter of it, at most 1 s, late) or at ``deadline``."""
         if self.error is None and not self._paused and not self.complete:
-            step = min(1.0, idle_s / 4)
-            check = _IdleCheck(self, idle_s, step, deadline)
-            try:
-                await self._wait()
-            finally:
-                check.cancel()
+            await self._wait(_IdleCheck(self, idle_s, min(1.0, idle_s / 4), deadline))
         if self.error is not None:
             raise self.error
         return not self._paused
@@ -143,12 +134,14 @@ class UpstreamConnection(asyncio.Protocol):
         if self.transport is not None:
             self.transport.abort()
 
-    async def _wait(self) -> None:
+    async def _wait(self, timer: asyncio.TimerHandle | _IdleCheck) -> None:
+        """Until ``_wake`` or ``_time_out``; ``timer`` (which times this wait out) is cancelled after."""
         self._waiter = self.loop.create_future()
         try:
             await self._waiter
         finally:
             self._waiter = None
+            timer.cancel()
 
     def _wake(self) -> None:
         w = self._waiter
