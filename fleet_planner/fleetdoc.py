@@ -17,9 +17,10 @@ from fleet_planner.precision import Precision
 from fleetspec.fleetfile import parse_fleet
 
 
-def _slug(name: str) -> str:
-    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", name.rsplit("/", 1)[-1]).strip("-._") or "model"
-    return slug[:56]
+def slug(name: str) -> str:
+    """An instance name from a served name: the fleet file's [A-Za-z0-9._-], room for a suffix."""
+    text = re.sub(r"[^A-Za-z0-9._-]+", "-", name.rsplit("/", 1)[-1]).strip("-._") or "model"
+    return text[:56]
 
 
 def vllm_args(plan: CapacityPlan) -> list[str]:
@@ -38,7 +39,7 @@ def fleet_document(plan: CapacityPlan) -> dict[str, Any] | None:
         return None
     lay = plan.fit.layout
     indices = plan.hardware.local_indices
-    base = _slug(plan.served_name)
+    base = slug(plan.served_name)
     instances = []
     for i in range(plan.replicas):
         gpus = list(indices[i * lay.gpus:(i + 1) * lay.gpus])

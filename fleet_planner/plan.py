@@ -149,21 +149,31 @@ def _precisions(r: PlanRequest, shape: ModelShape) -> tuple[Precision, Precision
     return weights, compute, kv
 
 
-def _notes(plan: CapacityPlan, hw: Hardware, util: float) -> list[str]:
-    mem, fit, shape = plan.memory, plan.fit, plan.memory.shape
+def model_notes(mem: MemoryEstimate) -> list[str]:
+    """What the plan says of the model itself, whatever GPUs it gets."""
+    shape = mem.shape
     notes = list(shape.notes)
     if shape.moe is not None:
         notes.append(f"MoE: {shape.moe.experts} experts, {shape.moe.experts_per_token} per token; every expert's "
-                     f"weights are resident ({gb(mem.weights):.1f} GB) though {plan.memory.params.active / 1e9:.1f} B "
+                     f"weights are resident ({gb(mem.weights):.1f} GB) though {mem.params.active / 1e9:.1f} B "
                      "parameters are active per token")
     sliding = mem.kv_cache_sliding
     if sliding is not None:
         notes.append(f"{shape.sliding_layers} of {shape.layers} layers use a {shape.sliding_window}-token sliding "
                      f"window; with vLLM's hybrid KV cache manager the KV cache needs about {gb(sliding):.2f} GB "
                      f"instead of {gb(mem.kv_cache):.2f} GB (this plan counts the full context on every layer)")
-    if plan.memory.weight_precision in (Precision.INT4, Precision.INT8) and shape.quantization is None:
-        notes.append(f"{plan.memory.weight_precision} weights need a pre-quantized checkpoint (AWQ, GPTQ, "
+    if mem.weight_precision in (Precision.INT4, Precision.INT8) and shape.quantization is None:
+        notes.append(f"{mem.weight_precision} weights need a pre-quantized checkpoint (AWQ, GPTQ, "
                      "compressed-tensors); vLLM reads its quantization_config")
+    if shape.max_position is not None and mem.context > shape.max_position:
+        notes.append(f"--context {mem.context} exceeds the model's {shape.max_position} positions "
+                     "(max_position_embeddings): vLLM refuses that --max-model-len; lower --context")
+    return notes
+
+
+def _notes(plan: CapacityPlan, hw: Hardware, util: float) -> list[str]:
+    mem, fit, shape = plan.memory, plan.fit, plan.memory.shape
+    notes = model_notes(mem)
     if fit is None:
         need1 = mem.total(1)
         notes.append(f"does not fit: even all {hw.total_gpus} GPUs at gpu_memory_utilization {util} are too small "
@@ -195,14 +205,36 @@ def _notes(plan: CapacityPlan, hw: Hardware, util: float) -> list[str]:
     return notes
 
 
-def make_plan(r: PlanRequest, discover: Callable[[], list[Gpu]]) -> CapacityPlan:
-    """``discover`` is consulted only when ``r.gpus`` is None (NVML, in the CLI)."""
+@dataclass(frozen=True)
+class Estimate:
+    """What a model needs, before any GPU is chosen."""
+
+    memory: MemoryEstimate
+    compute_dtype: Precision
+    model_path: str  # what the fleet file passes as --model
+    served_name: str
+
+
+def estimate(r: PlanRequest) -> Estimate:
     _check_request(r)
     shape, model_path = resolve_shape(r)
     weights, compute, kv = _precisions(r, shape)
     mem = MemoryEstimate(shape=shape, params=count_params(shape), weight_precision=weights, kv_precision=kv,
                          context=r.context, seqs=r.seqs, overhead_per_gpu=int(r.overhead_gib * GIB))
-    hw = parse_gpus(r.gpus, r.nodes) if r.gpus is not None else from_discovered(discover(), r.nodes)
+    served = r.served_name or (Path(model_path).name if config_path(r.model) else r.model)
+    return Estimate(mem, compute, model_path, served)
+
+
+def hardware_for(r: PlanRequest, discover: Callable[[], list[Gpu]]) -> Hardware:
+    """``--gpus``, else what ``discover`` (NVML, in the CLI) finds."""
+    return parse_gpus(r.gpus, r.nodes) if r.gpus is not None else from_discovered(discover(), r.nodes)
+
+
+def make_plan(r: PlanRequest, discover: Callable[[], list[Gpu]]) -> CapacityPlan:
+    """``discover`` is consulted only when ``r.gpus`` is None (NVML, in the CLI)."""
+    est = estimate(r)
+    mem, compute, model_path = est.memory, est.compute_dtype, est.model_path
+    hw = hardware_for(r, discover)
     fit = smallest_fit(mem, hw, r.gpu_memory_utilization)
     replicas = 0
     tier = VramTier.UNKNOWN
@@ -210,11 +242,11 @@ def make_plan(r: PlanRequest, discover: Callable[[], list[Gpu]]) -> CapacityPlan
         replicas = hw.gpus_per_node // fit.layout.gpus if fit.layout.nodes == 1 else 1
         replicas = min(replicas, r.replicas) if r.replicas else replicas
         tier = tier_for_mib(hw.memory_mib * fit.layout.gpus)  # the group's combined memory (DESIGN §2)
-    served = r.served_name or (Path(model_path).name if config_path(r.model) else r.model)
-    plan = CapacityPlan(request=r, model_path=model_path, served_name=served, memory=mem, compute_dtype=compute,
-                        hardware=hw, fit=fit, replicas=replicas, tier=tier)
+    plan = CapacityPlan(request=r, model_path=model_path, served_name=est.served_name, memory=mem,
+                        compute_dtype=compute, hardware=hw, fit=fit, replicas=replicas, tier=tier)
     plan.notes.extend(_notes(plan, hw, r.gpu_memory_utilization))
     return plan
 
 
-__all__ = ["CapacityPlan", "PlanRequest", "budget_per_gpu", "make_plan", "parse_count"]
+__all__ = ["CapacityPlan", "Estimate", "PlanRequest", "budget_per_gpu", "estimate", "hardware_for", "make_plan",
+           "model_notes", "parse_count"]

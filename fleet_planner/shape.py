@@ -96,10 +96,11 @@ def _int(cfg: dict[str, Any], source: str, *keys: str, required: bool = True) ->
     value = _first(cfg, *keys)
     if value is None:
         if required:
-            raise ConfigError(f"{source}: {keys[0]}: missing (also looked for {', '.join(keys[1:]) or 'nothing else'})")
+            also = ", ".join(keys[1:]) or "nothing else"
+            raise ConfigError(f"{source}: {keys[0]}: missing (also looked for {also}); add it to this config")
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ConfigError(f"{source}: {keys[0]}: expected a positive integer, got {value!r}")
+        raise ConfigError(f"{source}: {keys[0]}: expected a positive integer, got {value!r}; fix it in this config")
     return value
 
 
@@ -119,7 +120,8 @@ def _moe(cfg: dict[str, Any], source: str, intermediate: int | None) -> MoeShape
         return None
     width = _int(cfg, source, "moe_intermediate_size", "intermediate_size", required=False) or intermediate
     if width is None:
-        raise ConfigError(f"{source}: moe_intermediate_size: missing for a model with {experts} experts")
+        raise ConfigError(f"{source}: moe_intermediate_size: missing for a model with {experts} experts; add it to "
+                          "this config")
     shared = _int(cfg, source, "shared_expert_intermediate_size", required=False) or 0
     n_shared = _int(cfg, source, "n_shared_experts", required=False) or 0
     dense = _int(cfg, source, "first_k_dense_replace", required=False) or len(cfg.get("mlp_only_layers") or [])
@@ -213,9 +215,10 @@ def load_shape(path: Path) -> ModelShape:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except OSError as e:
-        raise ConfigError(f"--model: cannot read {path}: {e.strerror or e}") from e
+        raise ConfigError(f"--model: cannot read {path}: {e.strerror or e}; check the path and its permissions") from e
     except json.JSONDecodeError as e:
-        raise ConfigError(f"--model: {path} is not valid JSON: {e}") from e
+        raise ConfigError(f"--model: {path} is not valid JSON: {e}; fix the file, or give a model id and the shape "
+                          "flags") from e
     if not isinstance(data, dict):
         raise ConfigError(f"--model: {path}: expected a JSON object, got {type(data).__name__}")
     return shape_from_config(data, str(path))

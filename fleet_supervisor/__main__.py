@@ -9,7 +9,9 @@ from fleetspec.errors import ConfigError
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m fleet_supervisor", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m fleet_supervisor", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog="examples:\n  python -m fleet_supervisor -c examples/demo-cpu.yaml")
     parser.add_argument("-c", "--config", required=True, help="fleet file (YAML or JSON)")
     args = parser.parse_args(argv)
     from fleet_supervisor.commands import cmd_up

@@ -14,10 +14,23 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fleetspec.fleetfile import FleetFile, Instance
+from fleetspec.sleep import SleepSection, devices, share
 
 GATEWAY_CHILD = "gateway"  # the gateway's name in logs, metrics and /instances
 DEFAULT_GATEWAY_COMMAND = ["python", "-m", "gateway", "-c", "{config}"]
 CPU_KVCACHE_GIB = "1"  # DESIGN §3: keeps the CPU build small; an instance env may raise it
+
+
+@dataclass(frozen=True)
+class SleepPlan:
+    """How an instance with a ``sleep:`` block sleeps, resolved for this host (fleetspec/sleep.py)."""
+
+    mode: str  # "vllm" (sleep mode endpoints) or "cold" (stop and start the process group)
+    level: int  # vLLM sleep level (mode vllm)
+    cfg: SleepSection
+    devices: tuple[str, ...]  # budget keys: GPU indices, or "cpu"
+    share: float
+    level_reason: str = ""  # why this level, for `check`
 
 
 @dataclass(frozen=True)
@@ -30,6 +43,18 @@ class LaunchSpec:
     health_url: str
     log_path: Path
     env_overrides: dict[str, str]  # the part of ``env`` that the supervisor set, for ``check``
+    models: tuple[str, ...] = ()  # served names (instances only)
+    sleep: SleepPlan | None = None
+
+
+def sleep_mode(fleet: FleetFile, inst: Instance) -> str | None:
+    """``vllm`` where vLLM's sleep mode can work (CUDA, vLLM as the command), else ``cold``."""
+    if inst.sleep is None:
+        return None
+    if inst.sleep.mode != "auto":
+        return inst.sleep.mode
+    looks_like_vllm = any("vllm" in part for part in fleet.vllm_command)
+    return "vllm" if inst.device == "cuda" and looks_like_vllm else "cold"
 
 
 def resolve_python(argv: list[str]) -> list[str]:
@@ -52,12 +77,16 @@ def vllm_argv(fleet: FleetFile, inst: Instance) -> list[str]:
         argv += ["--gpu-memory-utilization", str(inst.gpu_memory_utilization)]
     if inst.distributed_executor_backend is not None:
         argv += ["--distributed-executor-backend", inst.distributed_executor_backend]
+    if sleep_mode(fleet, inst) == "vllm" and "--enable-sleep-mode" not in inst.vllm_args:
+        argv.append("--enable-sleep-mode")
     return argv + list(inst.vllm_args)
 
 
-def vllm_env_overrides(inst: Instance) -> dict[str, str]:
+def vllm_env_overrides(inst: Instance, mode: str | None = None) -> dict[str, str]:
     """Variables the supervisor sets for an instance; the instance's own ``env`` wins."""
     out: dict[str, str] = {}
+    if mode == "vllm":
+        out["VLLM_SERVER_DEV_MODE"] = "1"  # serves /sleep, /wake_up, /is_sleeping (on loopback only)
     if inst.device == "cpu":
         # An empty list hides every GPU, so a CPU instance never grabs one by accident.
         out["CUDA_VISIBLE_DEVICES"] = ""
@@ -76,9 +105,11 @@ def vllm_env_overrides(inst: Instance) -> dict[str, str]:
     return out
 
 
-def instance_spec(fleet: FleetFile, inst: Instance, base_env: Mapping[str, str] | None = None) -> LaunchSpec:
+def instance_spec(fleet: FleetFile, inst: Instance, base_env: Mapping[str, str] | None = None,
+                  sleep_level: tuple[int, str] = (1, "")) -> LaunchSpec:
     base = os.environ if base_env is None else base_env
-    overrides = vllm_env_overrides(inst)
+    mode = sleep_mode(fleet, inst)
+    overrides = vllm_env_overrides(inst, mode)
     if inst.uses_ray and "RAY_ADDRESS" not in base:
         # Join the cluster that `ray start` made, or fail at once: without an address ray.init()
         # would quietly start a one-node cluster and wait forever for the other nodes' GPUs.
@@ -91,6 +122,9 @@ def instance_spec(fleet: FleetFile, inst: Instance, base_env: Mapping[str, str] 
         health_url=f"{inst.url}/health",
         log_path=Path(fleet.supervisor.log_dir) / f"{inst.name}.log",
         env_overrides=overrides,
+        models=tuple(inst.names),
+        sleep=None if inst.sleep is None or mode is None else SleepPlan(
+            mode, sleep_level[0], inst.sleep, tuple(devices(inst)), share(inst), sleep_level[1]),
     )
 
 

@@ -7,29 +7,40 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import httpx
 
 from fleet_supervisor.fleet import run_fleet
+from fleet_supervisor.leftovers import settle
 from fleet_supervisor.plan import describe, infernet_for, make_plan
+from fleetspec.errors import ConfigError
 from fleetspec.fleetfile import load_fleet
 from fleetspec.gpus import discover_gpus
 
 STATUS_TIMEOUT_S = 5.0
 
 
+def _say(message: str) -> None:
+    print(f"[fleet] {message}", flush=True)
+
+
 def cmd_up(path: str) -> int:
     fleet = load_fleet(path)
+    # Before the host check: what a killed earlier run left holds the very ports it checks.
+    settle(fleet.supervisor, stop_them=True, say=_say)
     plan = make_plan(fleet, discover_gpus(), str(path))
     return asyncio.run(run_fleet(plan))
 
 
 def cmd_check(path: str) -> int:
     fleet = load_fleet(path)
+    settle(fleet.supervisor, stop_them=False, say=_say)
     print(describe(make_plan(fleet, discover_gpus(), str(path))))
     return 0
 
@@ -75,6 +86,82 @@ def _ago(since: object) -> str:
     return f"{time.time() - since:.0f}s" if isinstance(since, int | float) else "-"
 
 
+def admin_key_for(given: str | None, state_dir: str) -> str | None:
+    """--admin-key, else FLEET_ADMIN_KEY, else the key `up` keeps in STATE_DIR/admin.key."""
+    if given:
+        return given
+    if os.environ.get("FLEET_ADMIN_KEY"):
+        return os.environ["FLEET_ADMIN_KEY"]
+    try:
+        return (Path(state_dir) / "admin.key").read_text(encoding="ascii").strip() or None
+    except OSError:
+        return None
+
+
+def cmd_admin(gateway_url: str, name: str, action: str, key: str | None) -> int:
+    """POST /admin/instances/NAME/ACTION on the gateway: 0 when done, 1 when refused."""
+    url = f"{gateway_url.rstrip('/')}/admin/instances/{name}/{action}"
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    try:
+        resp = httpx.post(url, headers=headers, timeout=30)
+    except httpx.HTTPError as e:
+        print(f"cannot reach {url}: {e}", file=sys.stderr)
+        return 1
+    try:
+        body = resp.json()
+    except ValueError:
+        body = {}
+    if resp.status_code == 200:
+        print(body.get("message", "done"))
+        return 0
+    message = (body.get("error") or {}).get("message") if isinstance(body, dict) else None
+    print(f"{action} {name}: HTTP {resp.status_code}: {message or resp.text[:200]}", file=sys.stderr)
+    return 1
+
+
+def cmd_reload(path: str, wait_s: float | None) -> int:
+    """Check FILE here (exit 2 naming the key), then ask the running `up` of that fleet to apply it."""
+    from fleet_supervisor.command import probe_host
+
+    fleet = load_fleet(path)
+    sup = fleet.supervisor
+    if not sup.metrics_port:
+        raise ConfigError(f"{path}: supervisor.metrics_port is 0, so the running fleet cannot be reached; "
+                          "send SIGHUP to `vllm-fleet up` instead")
+    url = f"http://{probe_host(sup.metrics_host)}:{sup.metrics_port}"
+    key = admin_key_for(None, sup.state_dir) or os.environ.get("FLEET_ADMIN_KEYS", "").split(",")[0].strip()
+    try:
+        resp = httpx.post(url + "/reload", headers={"Authorization": f"Bearer {key}"}, timeout=30)
+    except httpx.HTTPError as e:
+        print(f"cannot reach the running fleet at {url}: {e}", file=sys.stderr)
+        return 1
+    body = resp.json() if resp.headers.get("content-type", "").startswith("application/json") else {}
+    if resp.status_code == 400:
+        raise ConfigError(str(body.get("error", resp.text)))
+    if resp.status_code != 202:
+        print(f"reload refused: HTTP {resp.status_code}: {body.get('error', resp.text[:200])}", file=sys.stderr)
+        return 1
+    for what in ("added", "removed", "changed", "unchanged"):
+        print(f"{what:>9}: {', '.join(body.get(what) or []) or '-'}")
+    for note in body.get("notes") or []:
+        print(f"     note: {note}")
+    if wait_s is None:
+        return 0
+    want = {i.name for i in fleet.instances}
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        got = _get_json(url + "/instances")
+        if isinstance(got, dict):
+            states = {i["name"]: i["state"] for i in got.get("instances", []) if i.get("name") != "gateway"}
+            if set(states) == want and all(s in ("RUNNING", "SLEEPING") for s in states.values()):
+                print("applied: every instance is up")
+                return 0
+        time.sleep(0.5)
+    print(f"not applied within {wait_s:g}s; `vllm-fleet status --supervisor-url {url}` shows where it is",
+          file=sys.stderr)
+    return 1
+
+
 def cmd_status(gateway_url: str, supervisor_url: str | None) -> int:
     code = 0
     fleet = _get_json(gateway_url.rstrip("/") + "/fleet")
@@ -84,8 +171,10 @@ def cmd_status(gateway_url: str, supervisor_url: str | None) -> int:
     else:
         print(f"gateway {gateway_url}  ready={fleet.get('ready')}  node vram tier={fleet.get('vram_tier')}")
         rows = [[b.get("name"), b.get("url"), ",".join(b.get("models") or []), b.get("healthy"), b.get("state"),
-                 b.get("in_flight"), b.get("vram_tier"), b.get("last_error")] for b in fleet.get("backends") or []]
-        print(table(["backend", "url", "models", "healthy", "state", "in flight", "tier", "last error"], rows))
+                 b.get("supervisor_state"), b.get("in_flight"), b.get("vram_tier"), b.get("last_error")]
+                for b in fleet.get("backends") or []]
+        print(table(["backend", "url", "models", "healthy", "state", "instance", "in flight", "tier", "last error"],
+                    rows))
     if supervisor_url:
         inst = _get_json(supervisor_url.rstrip("/") + "/instances")
         if isinstance(inst, str):

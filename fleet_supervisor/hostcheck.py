@@ -34,40 +34,47 @@ def port_in_use(host: str, port: int) -> str | None:
     return None
 
 
-def host_problems(fleet: FleetFile, gpus: list[Gpu], env: Mapping[str, str] | None = None) -> list[str]:
+def host_problems(fleet: FleetFile, gpus: list[Gpu], env: Mapping[str, str] | None = None,
+                  held: frozenset[int] = frozenset()) -> list[str]:
+    """``held``: ports the running fleet listens on itself (a live reload), not a conflict."""
     problems: list[str] = []
     present = {g.index for g in gpus}
     have = ", ".join(str(i) for i in sorted(present)) if present else "none (no GPU found by NVML or nvidia-smi)"
     for i, inst in enumerate(fleet.instances):
         where = f"instances[{i}] ({inst.name})"
         if inst.name == GATEWAY_CHILD:
-            problems.append(f"{where}.name: '{GATEWAY_CHILD}' is reserved for the gateway child")
+            problems.append(f"{where}.name: '{GATEWAY_CHILD}' is reserved for the gateway child; rename the instance")
         missing = [g for g in inst.gpus if g not in present] if inst.device == "cuda" else []
         if missing:
             problems.append(f"{where}.gpus: GPU {', '.join(map(str, missing))} does not exist on this host "
-                            f"(GPUs here: {have})")
-        if inst.port is not None:
+                            f"(GPUs here: {have}); use those indices (`vllm-fleet gpus` lists them)")
+        if inst.port is not None and inst.port not in held:
             why = port_in_use("127.0.0.1", inst.port)
             if why:
-                problems.append(f"{where}.port: port {inst.port} on 127.0.0.1 {why}")
+                problems.append(f"{where}.port: port {inst.port} on 127.0.0.1 {why}; stop what listens there, or "
+                                "choose another port (leave port out to get the next free one from base_port)")
     host, port = gateway_address(fleet, env)
-    why = port_in_use(host, port)
+    why = None if port in held else port_in_use(host, port)
     if why:
-        problems.append(f"gateway.port: port {port} on {host} {why}")
+        source = "FLEET_PORT" if port != fleet.gateway.port else "gateway.port"
+        problems.append(f"gateway.port: port {port} on {host} {why}; stop what listens there, or change "
+                        f"{source}")
     sup = fleet.supervisor
     if sup.metrics_port:
         if sup.metrics_port == port or sup.metrics_port in {inst.port for inst in fleet.instances}:
             problems.append(f"supervisor.metrics_port: port {sup.metrics_port} is also used by the gateway "
-                            "or an instance")
-        else:
+                            "or an instance; choose another")
+        elif sup.metrics_port not in held:
             why = port_in_use(sup.metrics_host, sup.metrics_port)
             if why:
-                problems.append(f"supervisor.metrics_port: port {sup.metrics_port} on {sup.metrics_host} {why}")
+                problems.append(f"supervisor.metrics_port: port {sup.metrics_port} on {sup.metrics_host} {why}; "
+                                "choose another, or 0 to turn the supervisor's endpoint off")
     return problems
 
 
-def check_host(fleet: FleetFile, gpus: list[Gpu], source: str, env: Mapping[str, str] | None = None) -> None:
+def check_host(fleet: FleetFile, gpus: list[Gpu], source: str, env: Mapping[str, str] | None = None,
+               held: frozenset[int] = frozenset()) -> None:
     """Raise ConfigError (exit 2) listing every host problem of ``fleet``."""
-    problems = host_problems(fleet, gpus, env)
+    problems = host_problems(fleet, gpus, env, held)
     if problems:
         raise ConfigError(f"{source}: does not fit this host\n" + "\n".join(f"  {p}" for p in problems))

@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fleet_supervisor.command import LaunchSpec, gateway_spec, instance_spec
+from fleet_supervisor.command import LaunchSpec, gateway_spec, instance_spec, sleep_mode
 from fleet_supervisor.hostcheck import check_host
+from fleet_supervisor.sleeplevel import available_ram_bytes, sleep_levels
 from fleetspec.fleetfile import FleetFile
 from fleetspec.gpus import Gpu
 from fleetspec.infernet import backends_from_fleet, render_infernet
@@ -40,14 +41,17 @@ def infernet_for(fleet: FleetFile, gpus: list[Gpu]) -> dict[str, Any]:
 
 
 def make_plan(fleet: FleetFile, gpus: list[Gpu], source: str, env: Mapping[str, str] | None = None,
-              *, check: bool = True) -> Plan:
-    """Resolve ``fleet`` for this host; with ``check`` raise ConfigError when it does not fit."""
+              *, check: bool = True, held: frozenset[int] = frozenset()) -> Plan:
+    """Resolve ``fleet`` for this host; with ``check`` raise ConfigError when it does not fit
+    (``held``: ports the running fleet already listens on, for a live reload)."""
     if check:
-        check_host(fleet, gpus, source, env)
+        check_host(fleet, gpus, source, env, held)
     infernet_path = Path(fleet.supervisor.state_dir) / INFERNET_FILE
+    levels = sleep_levels(fleet, [i for i in fleet.instances if sleep_mode(fleet, i) == "vllm"],
+                          available_ram_bytes())
     return Plan(
         fleet=fleet, source=source, gpus=gpus,
-        instances=[instance_spec(fleet, inst, env) for inst in fleet.instances],
+        instances=[instance_spec(fleet, inst, env, levels.get(inst.name, (1, ""))) for inst in fleet.instances],
         gateway=gateway_spec(fleet, infernet_path.resolve(), env),
         infernet=infernet_for(fleet, gpus), infernet_path=infernet_path,
     )
@@ -65,6 +69,17 @@ def write_infernet(plan: Plan) -> Path:
 
 def _env_text(env: Mapping[str, str]) -> str:
     return " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()) or "(inherited only)"
+
+
+def _sleep_lines(spec: LaunchSpec) -> list[str]:
+    s = spec.sleep
+    if s is None:
+        return []
+    what = f"vLLM sleep mode, level {s.level} ({s.level_reason})" if s.mode == "vllm" else \
+        "cold (the process is stopped, and started again on demand)"
+    idle = f"after {s.cfg.idle_s:g}s idle" if s.cfg.idle_s else "only when another model needs the memory"
+    return [f"  sleep:   {what}; share {s.share:g} of {', '.join(s.devices)}; sleeps {idle}; "
+            f"{'preloaded' if s.cfg.preload else 'asleep after start-up'}"]
 
 
 def describe(plan: Plan) -> str:
@@ -85,6 +100,7 @@ def describe(plan: Plan) -> str:
             f"  device:  {inst.device}   GPUs: {gpus}   tp={inst.tp} pp={inst.pipeline_parallel_size}",
             f"  url:     {inst.url}   vram tier: {tiers.get(inst.name, 'unknown')}",
             f"  log:     {spec.log_path}",
+            *_sleep_lines(spec),
             f"  env:     {_env_text(spec.env_overrides)}",
             f"  command: {shlex.join(spec.argv)}",
         ]
@@ -100,7 +116,8 @@ def describe(plan: Plan) -> str:
         "",
         f"supervisor  metrics {metrics}  startup_timeout_s={sup.startup_timeout_s:g} "
         f"health_interval_s={sup.health_interval_s:g} health_failures={sup.health_failures} "
-        f"stop_grace_s={sup.stop_grace_s:g} start_retries={sup.start_retries} start_secs={sup.start_secs:g} "
+        f"stop_grace_s={sup.stop_grace_s:g} orphan_grace_s={sup.orphan_grace_s:g} "
+        f"start_retries={sup.start_retries} start_secs={sup.start_secs:g} "
         f"backoff={sup.backoff_initial_s:g}..{sup.backoff_max_s:g}s",
     ]
     return "\n".join(lines)

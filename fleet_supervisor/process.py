@@ -5,6 +5,11 @@ keep holding GPU memory (DESIGN §3). So each child starts a new session (its pi
 id), every signal goes to the group, and the child counts as stopped only when
 ``killpg(pgid, 0)`` finds nobody — which also needs every member reaped, the leader included,
 because a zombie still belongs to its group.
+
+Each child also gets SIGTERM when the supervisor dies (PR_SET_PDEATHSIG), so a SIGKILLed ``up``
+does not leave API servers holding GPUs and ports; vLLM's API server stops its EngineCore and
+workers on SIGTERM. What still outlives it (a child that ignores SIGTERM, or grandchildren, which
+never get that signal) is found and stopped by the next ``up`` (leftovers.py).
 """
 
 from __future__ import annotations
@@ -16,10 +21,13 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from typing import BinaryIO, TextIO
 
+from fleet_supervisor import procfs
 from fleet_supervisor.command import LaunchSpec
 
+_PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
 _POLL_S = 0.05
 _KILL_WAIT_S = 10.0  # after SIGKILL; only a process stuck in the kernel (D state) takes longer
@@ -35,6 +43,31 @@ def become_subreaper(on: bool = True) -> bool:
         return int(libc.prctl(_PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0)) == 0
     except (OSError, AttributeError):
         return False
+
+
+def die_with_parent() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that makes the child get SIGTERM when we die (Linux), else None.
+
+    SIGTERM rather than SIGKILL: vLLM's API server then shuts its engine down, which a SIGKILLed
+    one never does (DESIGN §3). The kernel sends it when the *thread* that forked the child ends;
+    asyncio forks from the event loop's thread, and the loop outlives every child it spawned
+    (Fleet.run stops every group before it returns), so that thread's end is our end.
+    Only the child gets it: the death signal is cleared on fork, so EngineCore and workers rely
+    on vLLM's shutdown, and the next ``up`` stops whatever is left (leftovers.py)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up before the fork, not in the child
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+        if os.getppid() != parent:  # we died between fork and prctl: no signal would ever come
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return preexec
 
 
 def group_alive(pgid: int) -> bool:
@@ -89,7 +122,7 @@ class ManagedProcess:
         try:
             self._proc = await asyncio.create_subprocess_exec(
                 *self.spec.argv, env=self.spec.env, stdin=asyncio.subprocess.DEVNULL,
-                stdout=write_fd, stderr=write_fd, start_new_session=True,
+                stdout=write_fd, stderr=write_fd, start_new_session=True, preexec_fn=die_with_parent(),
             )
         except BaseException:
             os.close(read_fd)
@@ -154,14 +187,24 @@ class ManagedProcess:
                 return False
             await asyncio.sleep(_POLL_S)
 
-    async def stop(self, grace_s: float, urgent: asyncio.Event | None = None) -> bool:
+    async def stop(self, grace_s: float, urgent: asyncio.Event | None = None,
+                   orphan_grace_s: float | None = None) -> bool:
         """SIGTERM the group, wait up to ``grace_s`` (less once ``urgent`` is set), SIGKILL the
-        group, and return once it is empty. False if members survived SIGKILL (D state)."""
+        group, and return once it is empty. False if members survived SIGKILL (D state).
+
+        When the leader is already dead (a crash, not a stop), the group gets ``orphan_grace_s``
+        instead, if that is shorter: what is left are workers of an API server that will never
+        shut them down, and until they are gone the restart waits and their GPU memory stays
+        taken. The choice is made before signalling: a leader that exits on our SIGTERM while
+        its workers shut down is a requested stop and keeps the whole grace."""
         if self._proc is None:
             return True
         pgid = self._proc.pid
         emptied = not group_alive(pgid) and self.returncode is not None
         if not emptied:
+            leader_dead = self.returncode is not None or not procfs.live(pgid)
+            if leader_dead and orphan_grace_s is not None:
+                grace_s = min(grace_s, orphan_grace_s)
             _signal_group(pgid, signal.SIGTERM)
             emptied = await self._wait_grace(pgid, grace_s, urgent)
         if not emptied:

@@ -19,12 +19,15 @@ from starlette.types import Receive, Scope, Send
 from fleetspec.infernet import BackendSpec
 from fleetspec.tiers import VramTier
 from gateway import errors
-from gateway.auth import KeyCheck
-from gateway.backend import Backend
+from gateway.auth import ADMIN_PREFIX, KeyCheck
+from gateway.backend import Backend, BackendSet
+from gateway.control import SupervisorLink
 from gateway.ejection import Ejector
 from gateway.health import HealthChecker
+from gateway.inbound import ROOT_ROUTED
 from gateway.limiter import Limiter
-from gateway.loadscrape import STALE_INTERVALS, LoadScraper
+from gateway.load import STALE_INTERVALS
+from gateway.loadscrape import LoadScraper
 from gateway.metrics import GatewayMetrics
 from gateway.pool import BackendPool
 from gateway.proxy import Proxy
@@ -45,27 +48,72 @@ class FleetGateway:
     def __init__(self, settings: GatewaySettings, backends: list[BackendSpec], node_tier: VramTier | None) -> None:
         self.settings = settings
         self.metrics = GatewayMetrics()
-        self.pool = BackendPool([Backend.from_spec(s) for s in backends], node_tier, self._router_for,
-                                self.metrics.decision)
-        self.scraper = LoadScraper(self.pool.backends, settings.load_scrape_interval_s, settings.health_timeout_s,
+        # The composition root: the backend set first, then its subscribers (docs/architecture.md §2).
+        self.backends = BackendSet(Backend.from_spec(s) for s in backends)
+        self.metrics.watch(self.backends)
+        self.pool = BackendPool(self.backends, node_tier, self._router_for, self.metrics.decision)
+        self.scraper = LoadScraper(self.backends, settings.load_scrape_interval_s, settings.health_timeout_s,
                                    settings.upstream_api_key) if settings.scrapes_load else None
         self.limiter = Limiter(self.pool, settings, self.metrics)
-        self.health = HealthChecker(self.pool, settings, self.metrics, on_rotation=self.limiter.wake)
-        self.proxy = Proxy(self.pool, settings, self.metrics, self.limiter, Ejector(self.pool, settings, self.metrics))
-        self.auth = KeyCheck(settings.keys(), settings.public_models, settings.protect_metrics)
+        self.health = HealthChecker(self.backends, settings, self.metrics.count_probe)
+        self.proxy = Proxy(self.pool, settings, self.metrics, self.limiter,
+                           Ejector(self.backends, settings, self.metrics))
+        self.link: SupervisorLink | None = None
+        if settings.supervisor_url and settings.control_token:
+            self.link = SupervisorLink(settings.supervisor_url, settings.control_token, self.backends)
+            self.limiter.on_queue = self.link.queued
+        self.auth = KeyCheck(settings.keys(), settings.public_models, settings.protect_metrics, settings.admin())
         self.api = self._build_api()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             if not self.auth.allows(scope):
+                if scope["path"].startswith(ADMIN_PREFIX) and not self.auth.admin_keys:
+                    await errors.send_error(send, 403, "admin endpoints are off: set FLEET_ADMIN_KEYS (`vllm-fleet up` "
+                                            "makes one in .fleet/admin.key)", errors.INVALID_REQUEST, "admin_disabled")
+                    return
                 await errors.send_error(send, 401, "missing or invalid API key (send Authorization: Bearer <key>)",
                                         errors.INVALID_REQUEST, "invalid_api_key",
                                         headers=[(b"www-authenticate", b"Bearer")])
                 return
-            if scope["method"] == "POST" and scope["path"].startswith("/v1/"):
+            if scope["method"] == "POST" and (scope["path"].startswith("/v1/") or scope["path"] in ROOT_ROUTED):
                 await self.proxy(scope, receive, send)
                 return
         await self.api(scope, receive, send)
+
+    def _ready(self, model: str | None) -> Response | dict[str, Any]:
+        """Readiness that scripts and orchestrators can trust: every served model (or ``model``) has
+        a replica that takes requests now or wakes for them (docs/http.md)."""
+        pool = self.pool
+        if model is not None:
+            if not pool.knows(model):
+                served = ", ".join(pool.served_models()) or "(none)"
+                return _envelope(404, f"The model '{model}' does not exist. Served models: {served}",
+                                 errors.INVALID_REQUEST, "model_not_found")
+            waiting = [model] if model in pool.unready_models() else []
+        else:
+            waiting = pool.unready_models()
+            if pool.discovering:
+                waiting.append("(models of backends still being discovered)")
+            elif not pool.served_models():
+                waiting.append("(no model is served)")
+        if not waiting:
+            return {"status": "ready", "models": [model] if model else pool.served_models()}
+        return _envelope(503, "not ready: no servable replica of " + ", ".join(waiting), errors.UNAVAILABLE,
+                         "no_healthy_backend", {"Retry-After": self.settings.retry_after})
+
+    async def _admin(self, name: str, action: str) -> Response | dict[str, Any]:
+        if action not in ("sleep", "wake", "restart"):
+            return _envelope(404, f"no admin action '{action}' (sleep, wake, restart)", errors.INVALID_REQUEST,
+                             "not_found")
+        if self.link is None:
+            return _envelope(503, "no supervisor: this gateway was not started by `vllm-fleet up`", errors.UNAVAILABLE,
+                             "no_supervisor")
+        status, message = await self.link.command(name, action)
+        if status != 200:
+            return _envelope(status, message, errors.INVALID_REQUEST if status < 500 else errors.UNAVAILABLE,
+                             "admin_refused")
+        return {"ok": True, "message": message}
 
     def _router_for(self, model: str) -> Router:
         s = self.settings
@@ -78,6 +126,8 @@ class FleetGateway:
             await self.health.start()
             if self.scraper is not None:
                 await self.scraper.start()
+            if self.link is not None:
+                await self.link.start()
             # Everything imported and built so far lives as long as the process. Frozen, the
             # cyclic GC stops walking it: a full collection took 22-38 ms here (FastAPI,
             # pydantic, prometheus), a stall for every request in flight (bench/compare p99).
@@ -85,6 +135,8 @@ class FleetGateway:
             try:
                 yield
             finally:
+                if self.link is not None:
+                    await self.link.stop()
                 if self.scraper is not None:
                     await self.scraper.stop()
                 await self.health.stop()
@@ -97,13 +149,10 @@ class FleetGateway:
         async def health() -> dict[str, str]:
             return {"status": "ok"}
 
-        @api.get("/ready", summary="200 if at least one backend is healthy, else 503", response_model=None)
-        async def ready() -> Response | dict[str, Any]:
-            healthy = sum(b.healthy for b in pool.backends)
-            if healthy:
-                return {"status": "ready", "healthy_backends": healthy, "backends": len(pool.backends)}
-            return _envelope(503, "no healthy backend", errors.UNAVAILABLE, "no_healthy_backend",
-                             {"Retry-After": self.settings.retry_after})
+        @api.get("/ready", response_model=None,
+                 summary="200 when every served model (or the one named by ?model=) has a servable replica")
+        async def ready(model: str | None = None) -> Response | dict[str, Any]:
+            return self._ready(model)
 
         @api.get("/v1/models", summary="Union of the models served by healthy backends")
         async def models() -> dict[str, Any]:
@@ -112,15 +161,21 @@ class FleetGateway:
         @api.get("/fleet", summary="Node VRAM tier and the state of every backend")
         async def fleet() -> dict[str, Any]:
             return {"vram_tier": pool.node_tier().value, "ready": pool.ready(),
-                    "models": pool.served_models(), "backends": [b.describe() for b in pool.backends],
-                    "routing": {m: r.describe() for m, r in sorted(pool.routers.items())}}
+                    "models": pool.served_models(), "backends": [b.describe() for b in self.backends],
+                    "routing": pool.routing(),
+                    "supervisor": None if self.link is None else {"connected": self.link.connected}}
+
+        @api.post("/admin/instances/{name}/{action}", response_model=None,
+                  summary="Sleep, wake or restart an instance (admin key; needs `vllm-fleet up`'s supervisor)")
+        async def admin(name: str, action: str) -> Response | dict[str, Any]:
+            return await self._admin(name, action)
 
         @api.get("/metrics", summary="Prometheus metrics")
         async def metrics() -> Response:
             return Response(self.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
         summary = "Routed by `model` to a healthy replica; SSE relayed chunk by chunk"
-        for path in PROXIED:
+        for path in (*PROXIED, *sorted(ROOT_ROUTED)):
             api.add_api_route(path, _documented_only, methods=["POST"], summary=summary)
         api.add_api_route("/v1/{path:path}", _documented_any, methods=["POST"],
                           summary="Any other POST /v1/* that carries `model`: " + summary)

@@ -10,6 +10,9 @@ timeout is not the backend's failure and does not count.
 
 Passive checks alone never eject the last in-rotation replica of any model the backend serves:
 a struggling replica still answers some requests, none at all answers none. Probes still can.
+
+A writer of backend state (docs/architecture.md §2): it reads the replica index of the backend set
+and moves the backend; the metrics and the routers learn of it as subscribers.
 """
 
 from __future__ import annotations
@@ -17,9 +20,8 @@ from __future__ import annotations
 import logging
 import time
 
-from gateway.backend import HEALTHY, Backend
+from gateway.backend import Backend, BackendSet
 from gateway.metrics import GatewayMetrics
-from gateway.pool import BackendPool
 from gateway.settings import GatewaySettings
 
 log = logging.getLogger("gateway.ejection")
@@ -29,8 +31,8 @@ FAILURE_STATUSES = frozenset({502, 503, 504})
 
 
 class Ejector:
-    def __init__(self, pool: BackendPool, settings: GatewaySettings, metrics: GatewayMetrics) -> None:
-        self.pool = pool
+    def __init__(self, backends: BackendSet, settings: GatewaySettings, metrics: GatewayMetrics) -> None:
+        self.backends = backends
         self.threshold = settings.eject_failures
         self.base_s = settings.eject_base_s
         self.max_s = settings.eject_max_s
@@ -38,9 +40,9 @@ class Ejector:
 
     def failure(self, b: Backend, why: str) -> None:
         b.request_failures += 1
-        if b.state != HEALTHY or b.request_failures < self.threshold:
+        if not b.healthy or b.request_failures < self.threshold:
             return
-        if self.pool.last_in_rotation(b):
+        if self.backends.last_in_rotation(b):
             return
         # A backend that stayed in rotation longer than its last ejection starts over at the base.
         if b.ejections and time.time() - b.last_change > self._period(b.ejections - 1):
@@ -48,7 +50,6 @@ class Ejector:
         period = self._period(b.ejections)
         b.eject(period)
         self.metrics.ejections.labels(b.name).inc()
-        self.metrics.healthy.labels(b.name).set(0)
         log.warning("backend %s ejected for %.1fs after %d failed requests in a row (last: %s)",
                     b.name, period, b.request_failures, why)
 

@@ -3,21 +3,27 @@
 /health is the probe because vLLM's /v1/models stays 200 while its engine hangs (DESIGN §3).
 /v1/models is read only to learn names (when the config gives a bare host) and model cards,
 each time a backend comes (back) into rotation, since a restarted server may serve other names.
+
+A writer of backend state (docs/architecture.md §2): it records probe results on the backend and
+sets its models; whatever must follow (the prefix index forgets, queued requests get the slot,
+metrics) subscribes to the backend set. A backend that the supervisor hands back (UNKNOWN after
+sleeping, draining or a restart) is probed at once rather than at the next interval, since
+requests may be waiting for it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from typing import Any
 
 import aiohttp
 
-from gateway.backend import HEALTHY, UNHEALTHY, Backend
-from gateway.metrics import GatewayMetrics
+from gateway.backend import Backend, BackendSet
 from gateway.poller import BackendPoller
-from gateway.pool import BackendPool
 from gateway.settings import GatewaySettings
+from gateway.state import BackendState
 
 log = logging.getLogger("gateway.health")
 
@@ -25,38 +31,37 @@ log = logging.getLogger("gateway.health")
 class HealthChecker(BackendPoller):
     kind = "health probe"
 
-    def __init__(self, pool: BackendPool, settings: GatewaySettings, metrics: GatewayMetrics,
-                 on_rotation: Callable[[Backend], None] | None = None) -> None:
-        super().__init__(pool.backends, settings.health_interval_s, min(0.2, settings.health_interval_s),
+    def __init__(self, backends: BackendSet, settings: GatewaySettings,
+                 count_probe: Callable[[str, bool], None] | None = None) -> None:
+        super().__init__(backends, settings.health_interval_s, min(0.2, settings.health_interval_s),
                          settings.health_timeout_s, settings.upstream_api_key)
-        self.pool = pool
-        self.on_rotation = on_rotation  # told when a backend (re)enters rotation: queued requests may use it
         self.settings = settings
-        self.metrics = metrics
-
-    async def start(self) -> None:
-        for b in self.pool.backends:
-            self.metrics.healthy.labels(b.name).set(0)
-        await super().start()
+        self._count_probe = count_probe  # (backend name, ok) -> None: the probe counter
+        self._urgent: set[asyncio.Task[None]] = set()
+        backends.subscribe(self._handed_back)
 
     async def poll(self, b: Backend) -> None:
         await self.probe_once(b)
 
     async def probe_once(self, b: Backend) -> None:
         ok, error = await self._probe(b)
-        self.metrics.probes.labels(b.name, "ok" if ok else "fail").inc()
+        if self._count_probe is not None:
+            self._count_probe(b.name, ok)
         if b.record_probe(ok, error, self.settings.health_failures, self.settings.health_successes):
             log.log(logging.INFO if b.healthy else logging.WARNING, "backend %s (%s) is now %s%s",
-                    b.name, b.url, b.state, f": {error}" if error else "")
-            if b.state == HEALTHY:
+                    b.name, b.url, b.state.value, f": {error}" if error else "")
+            if b.healthy:
                 await self._discover(b)
-            elif b.state == UNHEALTHY:
-                self.pool.forget(b)  # it may have restarted: whatever it had cached is gone
-            self.metrics.healthy.labels(b.name).set(1 if b.healthy else 0)
-            if b.healthy and self.on_rotation is not None:
-                self.on_rotation(b)
         elif b.healthy and not b.models:
             await self._discover(b)
+
+    def _handed_back(self, b: Backend, old: BackendState | None, new: BackendState | None) -> None:
+        # Only the supervisor moves a known backend back to UNKNOWN (state.py): it woke it, started
+        # it again, or ended its drain.
+        if new is BackendState.UNKNOWN and old is not None and self._session is not None:
+            task = asyncio.create_task(self.probe_once(b), name=f"probe-now:{b.name}")
+            self._urgent.add(task)
+            task.add_done_callback(self._urgent.discard)
 
     async def _probe(self, b: Backend) -> tuple[bool, str | None]:
         try:
@@ -83,6 +88,5 @@ class HealthChecker(BackendPoller):
         # Configured names are the contract; only a bare host takes its names from upstream.
         names = b.configured_models or list(cards)
         if names != b.models:
-            b.models = names
-            self.pool.reindex()
+            self.backends.set_models(b, names)
             log.info("backend %s serves %s", b.name, ", ".join(names))

@@ -22,6 +22,16 @@ HOP_BY_HOP = frozenset({
 })
 # Only plain /v1 paths reach a backend: no '..', no empty segments, no scheme or host tricks.
 SAFE_PATH = re.compile(r"^/v1(/(?!\.\.?(?:/|$))[A-Za-z0-9_\-.:]+)+$")
+# vLLM's model-scoped POST endpoints outside /v1, routed by the body's ``model`` like the rest.
+# An explicit list: the root also holds vLLM's admin routes (/sleep, /collective_rpc, /pause,
+# weight updates), which no client of the gateway may reach.
+ROOT_ROUTED = frozenset({
+    "/tokenize", "/detokenize", "/pooling", "/classify", "/score", "/rerank", "/v2/rerank", "/v2/embed",
+})
+
+
+def routable(path: str) -> bool:
+    return path in ROOT_ROUTED or SAFE_PATH.match(path) is not None
 
 
 class BadRequest(Exception):

@@ -19,7 +19,7 @@ from gateway.workers import LOG_FORMAT, worker_environment
 def build(config_path: str, workers: int | None = None) -> FleetGateway:
     """``workers`` (the ``--workers`` flag) wins over FLEET_WORKERS and the file."""
     cfg = load_gateway_config(config_path)
-    settings = load_settings(cfg.settings)
+    settings = load_settings(cfg.settings, str(config_path))
     if workers is not None:
         if not 1 <= workers <= MAX_WORKERS:
             raise ConfigError(f"--workers: must be between 1 and {MAX_WORKERS}, got {workers}")
@@ -52,7 +52,12 @@ def run_gateway(config_path: str, workers: int | None = None) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m gateway", description="the vllm-fleet gateway alone")
+    p = argparse.ArgumentParser(
+        prog="python -m gateway", description="the vllm-fleet gateway alone (settings: FLEET_* variables)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="examples:\n"
+               "  python -m gateway -c .fleet/infernet.json         # Infernet-style JSON, either shape\n"
+               "  FLEET_PORT=9000 FLEET_API_KEYS=k1 python -m gateway -c fleet.yaml --workers 4")
     p.add_argument("-c", "--config", required=True, help="Infernet-style JSON (either shape) or a fleet file")
     p.add_argument("--workers", type=int, default=None, metavar="N",
                    help="server processes on the one port (default: FLEET_WORKERS, the file's gateway.workers, 1)")

@@ -14,18 +14,27 @@ workers (in rotation in at least one of them). With one worker nothing of this r
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import re
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, values
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
+
+from gateway.state import BackendState
+
+if TYPE_CHECKING:
+    from gateway.backend import Backend, BackendSet
 
 UNKNOWN_MODEL = "unknown"
 NO_BACKEND = "none"
 
 _DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600)
 _TTFB_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+# A splice costs a continuation's time to first token (prefill of the prompt and the text so far).
+_SPLICE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 
 class GatewayMetrics:
@@ -40,6 +49,9 @@ class GatewayMetrics:
                               ["model"], buckets=_TTFB_BUCKETS, registry=r)
         self.healthy = Gauge("fleet_backend_healthy", "1 while the backend is in rotation", ["backend"], registry=r,
                              multiprocess_mode="livemax")
+        self.state = Gauge("fleet_backend_state", "1 for the state the gateway sees the backend in: unknown, healthy, "
+                           "unhealthy, ejected, asleep, draining", ["backend", "state"], registry=r,
+                           multiprocess_mode="livemax")
         self.in_flight = Gauge("fleet_backend_in_flight", "Requests the gateway has open to the backend",
                                ["backend"], registry=r, multiprocess_mode="livesum")
         self.retries = Counter("fleet_retries_total", "Requests sent again to another replica before any byte",
@@ -70,11 +82,42 @@ class GatewayMetrics:
         self.routing = Counter("fleet_routing_decisions_total",
                                "Replica choices by model, policy and reason: balanced, prefix_match, prefix_miss, "
                                "session, affinity_overloaded", ["model", "policy", "reason"], registry=r)
+        self.migrations = Counter("fleet_stream_migrations_total",
+                                  "Streams whose replica broke after the first byte, by what became of them: migrated, "
+                                  "finished, or why they ended with the error event (docs/stream-failover.md)",
+                                  ["model", "outcome"], registry=r)
+        self.splice_gap = Histogram("fleet_stream_splice_gap_seconds",
+                                    "Break of a stream's replica seen -> first byte of its continuation to the client",
+                                    ["model"], buckets=_SPLICE_BUCKETS, registry=r)
+        self.splice_overhead = Histogram("fleet_stream_splice_overhead_seconds",
+                                         "The gateway's share of the splice gap: break seen -> continuation sent",
+                                         ["model"], buckets=_SPLICE_BUCKETS, registry=r)
         self._req: dict[tuple[str, str, str], Counter] = {}
         self._dur: dict[str, Histogram] = {}
         self._ttfb: dict[str, Histogram] = {}
         self._in_flight: dict[str, Gauge] = {}
         self._routing: dict[tuple[str, str, str], Counter] = {}
+
+    def watch(self, backends: BackendSet) -> None:
+        """Follow every backend's state (docs/architecture.md §2: metrics are a subscriber)."""
+        for b in backends:
+            self._backend_changed(b, None, b.state)
+        backends.subscribe(self._backend_changed)
+
+    def _backend_changed(self, b: Backend, old: BackendState | None, new: BackendState | None) -> None:
+        if new is None:  # removed by a reload: its live series go with it
+            with contextlib.suppress(KeyError):
+                self.healthy.remove(b.name)
+            for s in BackendState:
+                with contextlib.suppress(KeyError):
+                    self.state.remove(b.name, s.value)
+            return
+        self.healthy.labels(b.name).set(1 if b.healthy else 0)
+        for s in BackendState:
+            self.state.labels(b.name, s.value).set(1 if s is new else 0)
+
+    def count_probe(self, backend: str, ok: bool) -> None:
+        self.probes.labels(backend, "ok" if ok else "fail").inc()
 
     def count(self, model: str, backend: str, code: int | str) -> None:
         key = (model, backend, str(code))

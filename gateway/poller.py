@@ -1,5 +1,6 @@
 """A background task per backend that polls it over one shared aiohttp session, off the hot path:
-the health checker (health.py) and the load scraper (loadscrape.py)."""
+the health checker (health.py) and the load scraper (loadscrape.py). Backends added to or removed
+from the set later (a live reload) get or lose their task."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import random
 
 import aiohttp
 
-from gateway.backend import Backend
+from gateway.backend import Backend, BackendSet
+from gateway.state import BackendState
 
 log = logging.getLogger("gateway.poller")
 
@@ -20,7 +22,7 @@ class BackendPoller:
 
     kind = "poll"  # names the tasks and the log lines
 
-    def __init__(self, backends: list[Backend], interval: float, spread: float, timeout: float,
+    def __init__(self, backends: BackendSet, interval: float, spread: float, timeout: float,
                  api_key: str | None) -> None:
         self.backends = backends
         self.interval = interval
@@ -28,7 +30,8 @@ class BackendPoller:
         self._timeout = timeout
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._session: aiohttp.ClientSession | None = None
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks: dict[Backend, asyncio.Task[None]] = {}
+        backends.subscribe(self._membership)
 
     @property
     def session(self) -> aiohttp.ClientSession:
@@ -41,15 +44,32 @@ class BackendPoller:
     async def start(self) -> None:
         self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self._timeout),
                                               headers=self._headers)
-        self._tasks = [asyncio.create_task(self._loop(b), name=f"{self.kind}:{b.name}") for b in self.backends]
+        for b in self.backends:
+            self._spawn(b)
 
     async def stop(self) -> None:
-        for t in self._tasks:
-            t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        tasks = list(self._tasks.values())
         self._tasks.clear()
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         if self._session is not None:
             await self._session.close()
+            self._session = None
+
+    def _membership(self, b: Backend, old: BackendState | None, new: BackendState | None) -> None:
+        if self._session is None:
+            return  # not started: start() spawns a task for every member
+        if old is None:
+            self._spawn(b)
+        elif new is None:
+            task = self._tasks.pop(b, None)
+            if task is not None:
+                task.cancel()
+
+    def _spawn(self, b: Backend) -> None:
+        if b not in self._tasks:
+            self._tasks[b] = asyncio.create_task(self._loop(b), name=f"{self.kind}:{b.name}")
 
     async def _loop(self, b: Backend) -> None:
         await asyncio.sleep(random.uniform(0, self._spread))

@@ -1,5 +1,10 @@
-"""Which backend serves a model: replicas by served name, chosen by the model's routing policy
-(routing.py; least in-flight unless configured otherwise)."""
+"""Which backend serves a model: replicas by served name (the backend set's index), chosen by the
+model's routing policy (routing.py; least in-flight unless configured otherwise).
+
+A reader of backend state (docs/architecture.md §2). It subscribes to the backend set for one
+thing: a backend that left rotation because it went down, went to sleep or was removed may have
+lost its KV cache, so the prefix indexes forget it.
+"""
 
 from __future__ import annotations
 
@@ -8,11 +13,14 @@ from typing import Any
 
 from fleetspec.policies import Policy
 from fleetspec.tiers import VramTier, largest_tier
-from gateway.backend import Backend
+from gateway.backend import Backend, BackendSet
 from gateway.routing import Hint, Router
+from gateway.state import BackendState
 
 # Told of every routing decision: model, policy, reason (the metric's labels).
 DecisionHook = Callable[[str, str, str], None]
+# Leaving rotation for one of these (None: removed from the set) may have emptied the KV cache.
+_CACHE_LOST = frozenset({BackendState.UNHEALTHY, BackendState.ASLEEP, None})
 
 
 def _default_router(_: str) -> Router:
@@ -20,55 +28,50 @@ def _default_router(_: str) -> Router:
 
 
 class BackendPool:
-    def __init__(self, backends: list[Backend], node_tier: VramTier | None,
+    def __init__(self, backends: BackendSet, node_tier: VramTier | None,
                  router_for: Callable[[str], Router] = _default_router,
                  on_decision: DecisionHook | None = None) -> None:
         self.backends = backends
         self._tier_override = node_tier
-        self._by_model: dict[str, list[Backend]] = {}
         self._router_for = router_for
         self.routers: dict[str, Router] = {}
         self.on_decision = on_decision
-        self.reindex()
+        backends.subscribe(self._changed)
 
-    def reindex(self) -> None:
-        """Rebuild the model map; called when a backend's model list changes."""
-        by_model: dict[str, list[Backend]] = {}
-        for b in self.backends:
-            for m in b.models:
-                by_model.setdefault(m, []).append(b)
-        self._by_model = by_model
-        for m in by_model:
-            if m not in self.routers:
-                self.routers[m] = self._router_for(m)
+    def _changed(self, b: Backend, old: BackendState | None, new: BackendState | None) -> None:
+        if old is not None and new in _CACHE_LOST:
+            for r in self.routers.values():
+                if r.index is not None:
+                    r.index.forget(b)
+
+    def router(self, model: str) -> Router:
+        r = self.routers.get(model)
+        if r is None:
+            r = self.routers[model] = self._router_for(model)
+        return r
 
     def knows(self, model: str) -> bool:
-        return model in self._by_model
+        return self.backends.knows(model)
 
     @property
     def discovering(self) -> bool:
-        """Some backend's models are still unknown, so an unknown name may yet appear."""
-        return any(not b.models for b in self.backends)
+        return self.backends.discovering
 
     def replicas(self, model: str) -> int:
-        return len(self._by_model.get(model, ()))
-
-    def last_in_rotation(self, b: Backend) -> bool:
-        """True when some model ``b`` serves has no other replica in rotation."""
-        return any(not any(o.healthy for o in self._by_model.get(m, ()) if o is not b) for m in b.models)
+        return len(self.backends.replicas(model))
 
     def served_models(self) -> list[str]:
-        return sorted(self._by_model)
+        return self.backends.served_models()
 
     def pick(self, model: str, exclude: Iterable[Backend] = (), hint: Hint | None = None) -> Backend | None:
         """The replica of ``model`` its policy chooses among those in rotation, or None."""
-        group = self._by_model.get(model)
+        group = self.backends.replicas(model)
         if not group:
             return None
         usable = [b for b in group if b.healthy and b not in exclude]
         if not usable:
             return None
-        router = self.routers[model]
+        router = self.router(model)
         b, reason = router.choose(group, usable, hint)
         if self.on_decision is not None:
             self.on_decision(model, router.policy.value, reason)
@@ -76,36 +79,49 @@ class BackendPool:
 
     def affine(self, model: str) -> bool:
         """The model's policy routes by prompt prefix or session, so requests need a ``Hint``."""
-        return self.routers[model].policy is Policy.PREFIX_AWARE
+        return self.router(model).policy is Policy.PREFIX_AWARE
 
     def has_other(self, model: str, exclude: Iterable[Backend]) -> bool:
         """Some replica of ``model`` outside ``exclude`` is in rotation (no decision is made)."""
-        return any(b.healthy and b not in exclude for b in self._by_model.get(model, ()))
+        return any(b.healthy and b not in exclude for b in self.backends.replicas(model))
 
-    def least_busy(self, model: str, exclude: Iterable[Backend], limit: int) -> Backend | None:
-        """The replica in rotation with the fewest in-flight requests, if it has fewer than ``limit``."""
-        free = [b for b in self._by_model.get(model, ()) if b.healthy and b not in exclude and b.in_flight < limit]
+    def other(self, model: str, exclude: Iterable[Backend]) -> Backend | None:
+        """Some replica of ``model`` in rotation outside ``exclude``, the least busy (no decision is
+        counted: for a side request such as a token count, not for routing)."""
+        usable = [b for b in self.backends.replicas(model) if b.healthy and b not in exclude]
+        return min(usable, key=lambda b: b.in_flight) if usable else None
+
+    def least_busy(self, model: str, exclude: Iterable[Backend], limit: Callable[[Backend], int]) -> Backend | None:
+        """The replica in rotation with the fewest in-flight requests, if it is under its ``limit`` (0: none)."""
+        free = [b for b in self.backends.replicas(model)
+                if b.healthy and b not in exclude and (b.in_flight < limit(b) or not limit(b))]
         return min(free, key=lambda b: b.in_flight) if free else None
-
-    def forget(self, b: Backend) -> None:
-        """``b`` left rotation as unhealthy: its KV cache may be gone, drop it from prefix indexes."""
-        for r in self.routers.values():
-            if r.index is not None:
-                r.index.forget(b)
 
     def node_tier(self) -> VramTier:
         return self._tier_override or largest_tier(b.vram_tier for b in self.backends)
 
     def models_list(self) -> dict[str, Any]:
-        """OpenAI list shape: the union of what healthy backends serve."""
+        """OpenAI list shape: the union of what servable backends serve (asleep ones included: a
+        request for them wakes them)."""
         seen: dict[str, dict[str, Any]] = {}
         for b in self.backends:
-            if not b.healthy:
+            if not b.servable:
                 continue
             for m in b.models:
-                if m not in seen:
-                    seen[m] = b.cards.get(m) or {"id": m, "object": "model", "created": 0, "owned_by": "vllm-fleet"}
+                card = seen.get(m)
+                if card is None:
+                    card = seen[m] = {**(b.cards.get(m) or {"id": m, "object": "model", "created": 0,
+                                                             "owned_by": "vllm-fleet"}), "state": "asleep"}
+                if b.healthy:
+                    card["state"] = "awake"
         return {"object": "list", "data": list(seen.values())}
 
+    def unready_models(self) -> list[str]:
+        """Served names without a servable replica. Empty, and at least one name known: ready."""
+        return [m for m in self.backends.served_models() if not self.backends.servable(m)]
+
     def ready(self) -> bool:
-        return any(b.healthy for b in self.backends)
+        return bool(self.backends.served_models()) and not self.backends.discovering and not self.unready_models()
+
+    def routing(self) -> dict[str, Any]:
+        return {m: self.router(m).describe() for m in self.backends.served_models()}

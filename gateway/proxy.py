@@ -8,11 +8,13 @@ events for one request:
 1. read the body (capped), take ``model`` from it and check the caps (one JSON parse), enter the
    gateway-wide in-flight cap, take a slot on a replica or wait for one (limiter.py);
 2. send it; while no response has started, a connect failure, a reset before any response, or
-   a 503 sends it to another replica after a jittered pause (retry.py: attempts and a deadline);
-3. relay status, headers and body; the first body byte fixes time to first byte;
-4. if the upstream fails after the first byte, or the total timeout strikes, an SSE stream gets an
-   OpenAI error event and the connection is dropped without ``[DONE]`` so no client mistakes it for
-   a complete answer.
+   a 503 sends it to another replica after a jittered pause (opener.py, retry.py: attempts and a
+   deadline);
+3. relay status, headers and body (stream.py); the first body byte fixes time to first byte;
+4. if the upstream breaks after the first byte, a streamed completion continues on another replica
+   where it can (stream.py, migration.py, sse.py: docs/stream-failover.md); otherwise, or when the
+   total timeout strikes, an SSE stream gets an OpenAI error event and the connection is dropped
+   without ``[DONE]`` so no client mistakes it for a complete answer.
 
 Failed requests count towards passive ejection (ejection.py); any other answer resets the count.
 A watcher on ``receive()`` cancels the request the moment the client goes away, in every phase
@@ -27,15 +29,14 @@ import asyncio
 import logging
 import math
 import time
+from typing import Any
 
 from starlette.types import Receive, Scope, Send
 
 from gateway import errors
 from gateway.backend import Backend
-from gateway.connection import ConnectFailed, ResetBeforeResponse, UpstreamConnection, UpstreamError
-from gateway.ejection import FAILURE_STATUSES, Ejector
+from gateway.ejection import Ejector
 from gateway.inbound import (
-    SAFE_PATH,
     BadRequest,
     ClientGone,
     Flight,
@@ -43,26 +44,25 @@ from gateway.inbound import (
     header,
     model_of,
     read_body,
+    routable,
     upstream_headers,
 )
 from gateway.limiter import Limiter, Rejected
 from gateway.metrics import NO_BACKEND, UNKNOWN_MODEL, GatewayMetrics
+from gateway.migration import plan_for
+from gateway.opener import CLIENT_CLOSED, Opener, OpenFailed, Outbound
 from gateway.pool import BackendPool
-from gateway.relay import ClientRelay
-from gateway.retry import RetryPolicy
 from gateway.routing import Hint, hint_for
 from gateway.settings import GatewaySettings
-from gateway.upstream import Origin, UpstreamPool
+from gateway.stream import Stream, Streams, is_sse
+from gateway.upstream import UpstreamPool
 
 log = logging.getLogger("gateway.proxy")
 
-# Failures that prove the request did no work upstream, so another replica may take it.
-_RETRYABLE = (ConnectFailed, ResetBeforeResponse)
 _DROP_RESPONSE_HEADERS = frozenset({
     b"connection", b"keep-alive", b"transfer-encoding", b"upgrade", b"trailer", b"date", b"server",
     b"proxy-authenticate",
 })
-_CLIENT_CLOSED = 499  # nginx's code for "client closed request", used as a metrics label only
 _BUSY_RETRY_AFTER = [(b"retry-after", b"1")]
 
 
@@ -74,8 +74,9 @@ class Proxy:
         self.metrics = metrics
         self.limiter = limiter
         self.ejector = ejector
-        self.retry = RetryPolicy(settings)
         self.upstream = UpstreamPool(settings.connect_timeout_s)
+        self.opener = Opener(pool, settings, metrics, limiter, ejector, self.upstream)
+        self.streams = Streams(pool.backends, pool, settings, metrics, ejector, self.opener)
         self._drop_auth = bool(settings.keys())
         self._upstream_key = settings.upstream_api_key.encode("latin-1") if settings.upstream_api_key else None
         self._total_s = settings.total_timeout_s or math.inf
@@ -99,7 +100,7 @@ class Proxy:
         model_label = UNKNOWN_MODEL
         s = self.settings
         try:
-            if not SAFE_PATH.match(scope["path"]):
+            if not routable(scope["path"]):
                 raise BadRequest(404, f"no route for POST {scope['path']}", "not_found")
             body = await read_body(scope, receive, s.max_body_bytes)
             model, doc = model_of(body, s.max_tokens_cap, s.max_n_cap)
@@ -115,7 +116,7 @@ class Proxy:
                                  "model_not_found", "model")
             self.limiter.enter()
         except ClientGone:
-            self.metrics.count(model_label, NO_BACKEND, _CLIENT_CLOSED)
+            self.metrics.count(model_label, NO_BACKEND, CLIENT_CLOSED)
             return
         except BadRequest as e:
             await self._reject(send, flight, e, model_label)
@@ -127,7 +128,7 @@ class Proxy:
         assert task is not None
         flight.watch(receive, task)
         try:
-            await self._forward(scope, send, body, model, hint, t0, flight)
+            await self._forward(scope, send, body, doc, model, hint, t0, flight)
         except asyncio.CancelledError:
             if not flight.gone:
                 raise  # server shutdown, not the client: let it propagate
@@ -172,113 +173,32 @@ class Proxy:
             log.exception("could not report an internal error to the client")
         self.metrics.count(model_label, NO_BACKEND, 500)
 
-    async def _forward(self, scope: Scope, send: Send, body: bytes, model: str, hint: Hint | None, t0: float,
-                       flight: Flight) -> None:
+    async def _forward(self, scope: Scope, send: Send, body: bytes, doc: dict[str, Any], model: str,
+                       hint: Hint | None, t0: float, flight: Flight) -> None:
         headers, request_id = upstream_headers(scope, self._drop_auth, self._upstream_key, self._ids)
-        target = scope["path"].encode()  # SAFE_PATH allowed only ASCII; the query string goes as received
+        target = scope["path"].encode()  # routable() allowed only ASCII; the query string goes as received
         if scope["query_string"]:
             target += b"?" + scope["query_string"]
-        loop = asyncio.get_running_loop()
-        start = loop.time()
+        start = asyncio.get_running_loop().time()
         deadline = start + self._total_s
-        retry_end = min(deadline, start + self.retry.deadline_s)
+        out = Outbound(model, target, headers, request_id, hint, flight)
         tried: list[Backend] = []
-        last_failure = "no healthy replica"
-        conn: UpstreamConnection | None = None
-        origin: Origin | None = None
-        backend: Backend | None = None
-        pause: float | None = 0.0
-        while pause is not None:
-            if pause:
-                await asyncio.sleep(pause)
-            backend = await self.limiter.acquire(model, tried, retry_end if tried else deadline, hint)
-            if backend is None:
-                break
-            if tried:
-                self.metrics.retries.labels(model).inc()
-            tried.append(backend)
-            try:
-                origin, request = self.upstream.request(backend.url, target, headers, body)
-                conn = await self.upstream.send(origin, request,
-                                                min(loop.time() + self.settings.headers_timeout_s, deadline))
-            except _RETRYABLE as e:
-                last_failure = f"{backend.name}: {e.__class__.__name__}: {e}"
-                self.metrics.upstream_failures.labels(backend.name, "connect").inc()
-                self.ejector.failure(backend, last_failure)
-                self.limiter.release(backend)
-                pause = self.retry.backoff(len(tried), loop.time() - start)
-                continue
-            except TimeoutError:
-                self.limiter.release(backend)
-                await self._headers_timeout(send, flight, backend, model, loop.time() >= deadline - 0.01)
-                return
-            except UpstreamError as e:
-                # An answer that is not HTTP: the request may have done work, so no retry.
-                self.limiter.release(backend)
-                last_failure = f"{backend.name}: {e}"
-                self.ejector.failure(backend, last_failure)
-                await self._error(send, flight, 502, f"bad response from upstream ({last_failure})",
-                                  errors.UPSTREAM, "upstream_unreachable")
-                self.metrics.count(model, backend.name, 502)
-                return
-            except BaseException:
-                self.limiter.release(backend)
-                if flight.gone:
-                    self.metrics.count(model, backend.name, _CLIENT_CLOSED)
-                raise
-            if conn.status in FAILURE_STATUSES:
-                self.ejector.failure(backend, f"answered {conn.status}")
-            else:
-                backend.request_failures = 0
-            if conn.status == 503:
-                pause = self.retry.backoff(len(tried), loop.time() - start)
-                if pause is not None and self.pool.has_other(model, tried):
-                    last_failure = f"{backend.name} answered 503"
-                    conn.abort()
-                    self.limiter.release(backend)
-                    conn = None
-                    continue
-            break
-        if conn is None or backend is None or origin is None:
-            status = 503 if not tried else 502
-            await self._error(
-                send, flight, status, f"no replica of '{model}' could take the request ({last_failure})",
-                errors.UNAVAILABLE if status == 503 else errors.UPSTREAM,
-                "no_healthy_backend" if status == 503 else "upstream_unreachable", headers=self._retry_after())
-            self.metrics.count(model, NO_BACKEND if not tried else tried[-1].name, status)
-            return
         try:
-            await self._relay(send, conn, backend, model, request_id, t0, flight, deadline)
-        finally:
-            # Back to the pool only after a clean, complete response; aborted otherwise (cancel included).
-            self.upstream.release(conn, origin)
-            self.limiter.release(backend)
-
-    async def _headers_timeout(self, send: Send, flight: Flight, backend: Backend, model: str, total: bool) -> None:
-        if total:
-            # The gateway's own budget for the request ran out; not the backend's failure.
-            message = f"the request exceeded the gateway's total timeout of {self.settings.total_timeout_s}s"
-            code = "request_timeout"
-        else:
-            message = f"{backend.name} sent no response headers within {self.settings.headers_timeout_s}s"
-            code = "upstream_timeout"
-            self.metrics.upstream_failures.labels(backend.name, "headers").inc()
-            self.ejector.failure(backend, message)
-        await self._error(send, flight, 504, message, errors.UPSTREAM, code)
-        self.metrics.count(model, backend.name, 504)
-
-    async def _relay(self, send: Send, conn: UpstreamConnection, backend: Backend, model: str,
-                     request_id: bytes, t0: float, flight: Flight, deadline: float) -> None:
+            leg = await self.opener.open(out, body, tried, start, deadline)
+        except OpenFailed as e:
+            await self._error(send, flight, e.status, str(e), e.type, e.code,
+                              headers=self._retry_after() if e.retry_after else None)
+            self.metrics.count(model, e.backend.name if e.backend else NO_BACKEND, e.status)
+            return
+        conn, backend = leg.conn, leg.backend
         out_headers = [(k, v) for k, v in conn.headers if k.lower() not in _DROP_RESPONSE_HEADERS]
         out_headers.append((b"x-request-id", request_id))
         out_headers.append((b"x-fleet-backend", backend.name.encode()))
-        flight.sse = any(k.lower() == b"content-type" and v.startswith(b"text/event-stream") for k, v in conn.headers)
-        idle_s = self.settings.idle_timeout_s
+        flight.sse = is_sse(conn.headers)
 
         def first_byte() -> None:
             self.metrics.observe_ttfb(model, time.perf_counter() - t0)
 
-        relay = ClientRelay(send, first_byte)
         try:
             flight.started = True
             await send({"type": "http.response.start", "status": conn.status, "headers": out_headers})
@@ -288,43 +208,21 @@ class Proxy:
                 first_byte()
                 flight.done = True
                 await send({"type": "http.response.body", "body": conn.take_body(), "more_body": False})
-                self._answered(model, backend, conn.status, t0)
-                return
-            conn.attach(relay)
-            while not await conn.body_end(idle_s, deadline):
-                # The client is slow: finish its pending write, then let the upstream go on.
-                async with asyncio.timeout_at(deadline):
-                    await relay.drain()
-                conn.resume()
-            await relay.drain()  # a failure of the server's send surfaces here, never in the parser
-        except (UpstreamError, TimeoutError) as e:
+        except BaseException:
+            self.opener.release(leg)
             if flight.gone:
-                raise asyncio.CancelledError from e
-            loop = asyncio.get_running_loop()
-            if isinstance(e, TimeoutError) and loop.time() >= deadline - 0.01:
-                what, status = f"exceeded the gateway's total timeout of {self.settings.total_timeout_s}s", 504
-            else:
-                what = "went silent" if isinstance(e, TimeoutError) else f"failed: {e.__class__.__name__}"
-                status = 502
-                self.metrics.upstream_failures.labels(backend.name, "stream").inc()
-                self.ejector.failure(backend, f"{what} mid-response")
-            log.warning("upstream %s %s mid-response (request %s)", backend.name, what, request_id.decode("latin-1"))
-            if flight.sse:
-                await send({"type": "http.response.body", "more_body": True,
-                            "body": errors.sse_error_event(f"upstream {backend.name} {what} mid-stream", status)})
-            self.metrics.count(model, backend.name, status)
-            # Returning without the final body message makes the server drop the connection:
-            # the client sees a truncated response, never a clean end.
-            return
-        except asyncio.CancelledError:
-            if flight.gone:
-                self.metrics.count(model, backend.name, _CLIENT_CLOSED)
+                self.metrics.count(model, backend.name, CLIENT_CLOSED)
             raise
-        if not relay.started:
-            first_byte()
-        flight.done = True
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
-        self._answered(model, backend, conn.status, t0)
+        if conn.complete:
+            self.opener.release(leg)
+            self._answered(model, backend, conn.status, t0)
+            return
+        # A body still to come: relayed by Stream, which continues a broken completion stream on
+        # another replica where it can, and releases every leg it used.
+        plan = plan_for(scope["path"], doc, self.settings.max_migrations)
+        ended = await Stream(self.streams, send, out, plan, deadline, tried, first_byte).run(leg)
+        if ended is not None:
+            self._answered(model, ended, conn.status, t0)
 
     def _answered(self, model: str, backend: Backend, status: int, t0: float) -> None:
         self.metrics.count(model, backend.name, status)

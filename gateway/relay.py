@@ -8,6 +8,10 @@ waits for it to drain), the half-run coroutine is kept, the upstream connection 
 and the request's task finishes it with ``drain()``, awaiting what the coroutine waits for, as a
 task would. Nothing is assumed about the server beyond ASGI: any ``send`` works, at worst on the
 slow path.
+
+Two variants serve streams that can continue on another replica (stream.py): ``StreamRelay`` sends
+only whole SSE events and keeps what it sent in the stream's transcript (sse.py; an append per
+chunk, no parsing), and ``SpliceRelay`` rewrites a continuation's events into the client's stream.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from starlette.types import Send
+
+from gateway.sse import COMPACT_BYTES, Splice, Transcript, event_end
 
 _Step = Coroutine[Any, Any, None]
 
@@ -55,6 +61,10 @@ class ClientRelay:
         """A body chunk was relayed."""
         return not self._first
 
+    def tail(self) -> bytes:
+        """Bytes held back for the final body message (none: every chunk went out as it came)."""
+        return b""
+
     async def drain(self) -> None:
         """Finish the send that suspended, as the task that owns the request."""
         pending, self._pending = self._pending, None
@@ -63,6 +73,81 @@ class ClientRelay:
             await _finish(coro, yielded)
         if self.error is not None:
             raise self.error
+
+
+class StreamRelay(ClientRelay):
+    """A stream that may continue elsewhere: whole events only, each chunk kept in the transcript.
+
+    vLLM writes each event as one HTTP chunk, so a chunk nearly always ends an event and the check
+    is one ``endswith``. One that does not (a large event split across reads) has its unfinished
+    event held back until the rest arrives: if the replica died in between, the client would
+    otherwise hold half an event that no continuation can complete. ClientRelay's send is repeated
+    here rather than called: a call per chunk is a measurable share of this path (bench/relay)."""
+
+    __slots__ = ("_kept", "_size", "_tail", "transcript")
+
+    def __init__(self, send: Send, on_first: Callable[[], None], transcript: Transcript) -> None:
+        super().__init__(send, on_first)
+        self.transcript = transcript
+        self._kept = transcript.kept
+        self._size = 0  # bytes kept since the last compaction
+        self._tail = b""
+
+    def __call__(self, chunk: bytes) -> bool:
+        if self._tail or not chunk.endswith(b"\n\n"):
+            chunk = self._whole(chunk)
+            if not chunk:
+                return True
+        self._kept.append(chunk)
+        self._size += len(chunk)
+        if self._size > COMPACT_BYTES:
+            self._size = 0
+            self.transcript.compact()
+        if self._first:
+            self._first = False
+            self.on_first()
+        if self.error is not None:
+            return False
+        coro: _Step = self._send({"type": "http.response.body", "body": chunk, "more_body": True})  # type: ignore[assignment]
+        try:
+            yielded = coro.send(None)
+        except StopIteration:
+            return True
+        except BaseException as e:
+            self.error = e
+            return False
+        self._pending = (coro, yielded)
+        return False
+
+    def _whole(self, chunk: bytes) -> bytes:
+        """The complete events of what is held and ``chunk``; the rest is held."""
+        if self._tail:
+            chunk, self._tail = self._tail + chunk, b""
+        end = len(chunk) if chunk.endswith(b"\n\n") else event_end(chunk)
+        chunk, self._tail = chunk[:end], chunk[end:]
+        return chunk
+
+    def tail(self) -> bytes:
+        """What is held back at a clean end (a body that did not end with a blank line)."""
+        tail, self._tail = self._tail, b""
+        return tail
+
+
+class SpliceRelay(ClientRelay):
+    """A continuation's chunks, rewritten into the client's stream (sse.Splice)."""
+
+    __slots__ = ("splice",)
+
+    def __init__(self, send: Send, on_first: Callable[[], None], splice: Splice) -> None:
+        super().__init__(send, on_first)
+        self.splice = splice
+
+    def __call__(self, chunk: bytes) -> bool:
+        out = self.splice.feed(chunk)
+        return ClientRelay.__call__(self, out) if out else self.error is None
+
+    def tail(self) -> bytes:
+        return self.splice.feed(b"\n\n") if self.splice.pending else b""
 
 
 async def _finish(coro: _Step, yielded: Any) -> None:

@@ -25,7 +25,7 @@ from typing import Any
 
 from fleetspec.policies import Policy
 from gateway.backend import Backend
-from gateway.loadscrape import load_estimate, load_score
+from gateway.load import load_estimate, load_score
 from gateway.prefix import HashRing, PrefixIndex, block_hashes, prompt_text
 
 # Reasons, the metric's label values.

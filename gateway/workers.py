@@ -37,8 +37,8 @@ def share(settings: GatewaySettings) -> GatewaySettings:
     if n == 1:
         return settings
 
-    def part(total: int) -> int:
-        return -(-total // n)
+    def part(total: int | None) -> int | None:
+        return None if total is None else -(-total // n)
 
     return settings.model_copy(update={
         "backend_max_concurrency": part(settings.backend_max_concurrency),

@@ -6,6 +6,11 @@ attention kernel), hence hidden 128 with 2 heads. torch, transformers and tokeni
 inside the function so that importing this module stays cheap.
 
     python -m vllm_fleet.tinymodel DIR
+
+The same generator makes bigger random-weight models for GPU runs, where the weight size is what
+is measured (sleep and wake move the weights): ``vllm-fleet make-tiny-model DIR --hidden 3072
+--layers 28 --heads 24 --kv-heads 8 --intermediate 8192 --dtype bfloat16 --device cuda`` is a
+2.8 B-parameter Llama (5.6 GB), built on the GPU in seconds.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import json
 import os
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 SEED = 1234
@@ -47,11 +53,26 @@ _CORPUS = [
 _MARKERS = ("tokenizer.json", "tokenizer_config.json", "model.safetensors", "config.json")
 
 
+@dataclass(frozen=True)
+class Shape:
+    """The Llama's size. The default is the tiny one; head_dim = hidden / heads must stay 64 or more
+    on the CPU build (16 crashes its attention kernel)."""
+
+    hidden: int = 128
+    layers: int = 2
+    heads: int = 2
+    kv_heads: int = 1
+    intermediate: int = 256
+    dtype: str = "float32"
+    device: str = "cpu"  # where the random weights are made (cuda: seconds for billions of them)
+
+
 def _complete(path: Path) -> bool:
-    return all((path / name).is_file() for name in _MARKERS)
+    return all((path / name).is_file() for name in _MARKERS) or (
+        (path / "config.json").is_file() and (path / "model.safetensors.index.json").is_file())
 
 
-def make_tiny_model(directory: str) -> str:
+def make_tiny_model(directory: str, shape: Shape | None = None) -> str:
     """Write the tiny model and tokenizer into ``directory`` (created if needed); return its path.
 
     Idempotent: a directory that already holds a complete model is returned untouched.
@@ -63,7 +84,7 @@ def make_tiny_model(directory: str) -> str:
     # Build in a scratch directory inside the target and move the files in with config.json
     # last, so an interrupted run (or two concurrent ones) never leaves a "complete" half model.
     with tempfile.TemporaryDirectory(prefix=".tiny-", dir=path) as scratch:
-        _build(Path(scratch))
+        _build(Path(scratch), shape or Shape())
         names = sorted(p.name for p in Path(scratch).iterdir())
         names.sort(key=lambda n: n == "config.json")
         for name in names:
@@ -72,7 +93,7 @@ def make_tiny_model(directory: str) -> str:
     return str(path)
 
 
-def _build(path: Path) -> None:
+def _build(path: Path, shape: Shape) -> None:
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -100,21 +121,22 @@ def _build(path: Path) -> None:
 
     config = LlamaConfig(
         vocab_size=vocab_size,
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=64,
+        hidden_size=shape.hidden,
+        intermediate_size=shape.intermediate,
+        num_hidden_layers=shape.layers,
+        num_attention_heads=shape.heads,
+        num_key_value_heads=shape.kv_heads,
+        head_dim=shape.hidden // shape.heads,
         max_position_embeddings=MAX_POSITIONS,
         bos_token_id=fast.bos_token_id,
         eos_token_id=fast.eos_token_id,
         pad_token_id=fast.pad_token_id,
         tie_word_embeddings=False,
-        dtype="float32",
+        dtype=shape.dtype,
     )
     torch.manual_seed(SEED)
-    model = LlamaForCausalLM(config)  # type: ignore[no-untyped-call]
+    with torch.device(shape.device):
+        model = LlamaForCausalLM(config).to(getattr(torch, shape.dtype))  # type: ignore[no-untyped-call]
     fast.save_pretrained(str(path))
     model.save_pretrained(str(path), safe_serialization=True)
     # Tokenizer loaders differ on where they read the template; keep it in the config too.

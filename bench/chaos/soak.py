@@ -5,8 +5,11 @@ non-streaming clients and as many streaming ones (closed loop, each request boun
 timeout). Faults: every ``--fault-every-s`` seconds one replica (alternating) gets SIGKILL and is
 restarted ``--down-s`` seconds later. Reports the gateway process's RSS and open file descriptors
 at start, after warm-up, every minute and at the end (memory growth), the request count, errors by
-kind (see tests/chaos/load.py for the outcome names) and p50/p99 latency per kind of request.
-Writes bench/results/soak.{json,md} and prints the table.
+kind (see tests/chaos/load.py for the outcome names) and p50/p99 latency per kind of request; and
+the streams that continued on another replica (docs/stream-failover.md): the gap at the splice as
+the client saw it (the chunks' ``system_fingerprint`` names the fake that made them), the gateway's
+``fleet_stream_migrations_total`` and its splice histograms. Writes bench/results/soak.{json,md}
+and prints the table.
 
     .venv/bin/python bench/chaos/soak.py [--minutes 5] [--clients 4] [--fault-every-s 30] [--down-s 5]
 
@@ -96,9 +99,10 @@ async def soak(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             await asyncio.gather(*side, return_exceptions=True)
         elapsed = time.monotonic() - t0
         samples.append({"t_s": round(elapsed, 1), "at": "end", **proc_sample(gw.pid)})
-        metrics = {ln.split()[0]: float(ln.split()[-1]) for ln in
-                   (await asyncio.to_thread(_get, gw.url + "/metrics")).splitlines()
-                   if ln.startswith(("fleet_retries_total", "fleet_backend_ejections_total"))}
+        text = await asyncio.to_thread(_get, gw.url + "/metrics")
+        metrics = {ln.split()[0]: float(ln.split()[-1]) for ln in text.splitlines()
+                   if ln.startswith(("fleet_retries_total", "fleet_backend_ejections_total",
+                                     "fleet_stream_migrations_total"))}
         warm = next((s for s in samples if s["at"] == "warm"), samples[0])
         return {
             "config": dict(vars(args)),
@@ -114,12 +118,35 @@ async def soak(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             "errors": {k: plain.failures().get(k, 0) + streams.failures().get(k, 0)
                        for k in {*plain.failures(), *streams.failures()}},
             "gateway_metrics": metrics,
+            "splice_histograms": {name: histogram(text, name) for name in
+                                  ("fleet_stream_splice_gap_seconds", "fleet_stream_splice_overhead_seconds")},
         }
     finally:
         if gw is not None:
             gw.stop()
         for f in fakes:
             f.stop()
+
+
+def histogram(text: str, name: str) -> dict[str, float | None]:
+    """Count, mean and the bucket bounds holding p50 and p99 of a histogram in Prometheus text (summed
+    over its labels)."""
+    buckets: dict[float, float] = {}
+    total = count = 0.0
+    for ln in text.splitlines():
+        if ln.startswith(name + "_bucket{"):
+            le = float(ln.split('le="')[1].split('"')[0])
+            buckets[le] = buckets.get(le, 0.0) + float(ln.split()[-1])
+        elif ln.startswith(name + "_sum"):
+            total += float(ln.split()[-1])
+        elif ln.startswith(name + "_count"):
+            count += float(ln.split()[-1])
+
+    def bound(q: float) -> float | None:
+        return next((le for le, n in sorted(buckets.items()) if n >= q * count), None) if count else None
+
+    return {"count": count, "mean_s": round(total / count, 4) if count else None,
+            "p50_le_s": bound(0.5), "p99_le_s": bound(0.99)}
 
 
 def _get(url: str) -> str:
@@ -138,6 +165,15 @@ def markdown(r: dict[str, Any]) -> str:
         errs = ", ".join(f"{k} {v}" for k, v in sorted(s["outcomes"].items()) if k != OK) or "none"
         out.append(f"| {name.replace('_', '-')} | {s['requests']} | {s['outcomes'].get(OK, 0)} | {errs} | "
                    f"{s['p50_s'] * 1000:.1f} | {s['p99_s'] * 1000:.1f} | {s['max_s'] * 1000:.1f} |")
+    sp = r["streaming"].get("splices")
+    if sp:
+        out += ["", f"Streams that continued on another replica (seen by the client): {sp['count']}; the silence at "
+                f"the splice p50 {sp['p50_s'] * 1000:.1f} ms, p99 {sp['p99_s'] * 1000:.1f} ms, "
+                f"max {sp['max_s'] * 1000:.1f} ms."]
+    for name, h in r.get("splice_histograms", {}).items():
+        if h["count"]:
+            out.append(f"`{name}`: {h['count']:g} splices, mean {h['mean_s'] * 1000:.1f} ms, p50 ≤ "
+                       f"{h['p50_le_s']} s, p99 ≤ {h['p99_le_s']} s (bucket bounds).")
     out += ["", f"Faults: {len(r['faults'])} SIGKILLs (each restarted {c['down_s']:.0f} s later unless the run "
             f"ended first). Gateway alive at the end: {r['gateway_alive']}. "
             f"Gateway counters: " + ", ".join(f"`{k}` {v:g}" for k, v in sorted(r["gateway_metrics"].items())), "",

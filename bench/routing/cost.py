@@ -17,9 +17,10 @@ import workload  # noqa: E402
 
 from fleetspec.policies import Policy  # noqa: E402
 from fleetspec.tiers import VramTier  # noqa: E402
-from gateway.backend import HEALTHY, Backend  # noqa: E402
+from gateway.backend import Backend, BackendSet  # noqa: E402
 from gateway.pool import BackendPool  # noqa: E402
 from gateway.routing import Router, hint_for  # noqa: E402
+from gateway.state import BackendState as S  # noqa: E402
 
 
 def main() -> int:
@@ -31,8 +32,8 @@ def main() -> int:
     for policy in Policy:
         backends = [Backend(n, "http://x", VramTier.UNKNOWN, ["m"], ["m"]) for n in "ab"]
         for b in backends:
-            b.state = HEALTHY
-        pool = BackendPool(backends, None, lambda _, p=policy: Router(p, 1.25, 200_000, 3.0))
+            b.state = S.HEALTHY
+        pool = BackendPool(BackendSet(backends), None, lambda _, p=policy: Router(p, 1.25, 200_000, 3.0))
         affine = pool.affine("m")
         rounds = 20
         t = time.process_time()

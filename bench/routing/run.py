@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import workload  # noqa: E402
 
-from gateway.loadscrape import parse_load  # noqa: E402
+from gateway.load import parse_load  # noqa: E402
 from tests.support.procs import Gateway, free_port  # noqa: E402
 from tests.support.real_vllm import TINY_MODEL_DIR, start_real_vllm  # noqa: E402
 from vllm_fleet.tinymodel import make_tiny_model  # noqa: E402

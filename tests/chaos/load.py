@@ -39,6 +39,9 @@ class Tally:
     latencies: list[float] = field(default_factory=list)  # seconds, every request whatever its outcome
     backends: collections.Counter[str] = field(default_factory=collections.Counter)
     samples: dict[str, str] = field(default_factory=dict)  # first detail seen per outcome kind
+    # Streams that changed replica midway (the chunks' system_fingerprint changed): the silence the
+    # client saw at the splice, last event of one replica to first event of the next (seconds).
+    splice_gaps: list[float] = field(default_factory=list)
 
     def add(self, kind: str, latency: float, backend: str | None = None, detail: str = "") -> None:
         self.outcomes[kind] += 1
@@ -60,9 +63,23 @@ class Tally:
         return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else 0.0
 
     def summary(self) -> dict[str, Any]:
-        return {"requests": self.total, "outcomes": dict(self.outcomes), "backends": dict(self.backends),
-                "p50_s": round(self.pct(0.50), 4), "p99_s": round(self.pct(0.99), 4),
-                "max_s": round(max(self.latencies, default=0.0), 4), "samples": self.samples}
+        out = {"requests": self.total, "outcomes": dict(self.outcomes), "backends": dict(self.backends),
+               "p50_s": round(self.pct(0.50), 4), "p99_s": round(self.pct(0.99), 4),
+               "max_s": round(max(self.latencies, default=0.0), 4), "samples": self.samples}
+        if self.splice_gaps:
+            gaps = sorted(self.splice_gaps)
+            out["splices"] = {"count": len(gaps), "p50_s": round(gaps[len(gaps) // 2], 4),
+                              "p99_s": round(gaps[min(len(gaps) - 1, int(0.99 * len(gaps)))], 4),
+                              "max_s": round(gaps[-1], 4)}
+        return out
+
+
+def _fingerprint(line: bytes) -> bytes | None:
+    i = line.find(b'"system_fingerprint":"')
+    if i < 0:
+        return None
+    i += 22
+    return line[i:line.find(b'"', i)]
 
 
 def _error_kind(status: int, body: bytes, headers: Any) -> tuple[str, str]:
@@ -102,12 +119,19 @@ async def one_request(session: aiohttp.ClientSession, url: str, body: dict[str, 
                 detail = raw[:300].decode(errors="replace")
                 tally.add(OK if ok else TRUNCATED, time.perf_counter() - t0, backend, detail)
                 return
+            made_by: bytes | None = None  # the replica that made the last event, and when it came
+            last = 0.0
             try:
                 async for line in r.content:
                     if line.startswith(b"data: [DONE]"):
                         seen_done = True
                     elif line.startswith(b'data: {"error"'):
                         seen_error = True
+                    elif line.startswith(b"data: {") and (fp := _fingerprint(line)) is not None:
+                        now = time.perf_counter()
+                        if made_by is not None and fp != made_by:
+                            tally.splice_gaps.append(now - last)
+                        made_by, last = fp, now
             except aiohttp.ClientPayloadError:
                 pass  # the connection was dropped mid-body; judged below by what arrived
             if seen_error and not seen_done:

@@ -116,7 +116,8 @@ def test_host_check_accepts_a_group_larger_than_this_node() -> None:
     assert host_problems(fleet, gpus(4), env={}) == []
     # This node's share must still exist here.
     assert host_problems(fleet, gpus(2), env={}) == [
-        "instances[0] (big).gpus: GPU 2, 3 does not exist on this host (GPUs here: 0, 1)"]
+        "instances[0] (big).gpus: GPU 2, 3 does not exist on this host (GPUs here: 0, 1); use those indices "
+        "(`vllm-fleet gpus` lists them)"]
 
 
 def test_the_shipped_example_resolves_to_the_documented_command() -> None:

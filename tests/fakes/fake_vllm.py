@@ -5,24 +5,47 @@ It takes vLLM's command line (unknown flags are ignored, so the supervisor can l
 endpoint ``POST /_fake/config`` for HTTP behaviour, so a test can change a live server.
 
 Process flags: --fake-startup-delay S (listen only after S seconds), --fake-crash-after S,
---fake-ignore-sigterm, --fake-workers N (forked children in the same process group that outlive
-the parent, like vLLM's EngineCore), --fake-never-healthy.
+--fake-ignore-sigterm (the API server process only), --fake-workers N (forked children in the same
+process group that outlive the parent, like vLLM's EngineCore), --fake-workers-ignore-sigterm (the
+workers ignore SIGTERM; only SIGKILL ends them), --fake-never-healthy.
 HTTP knobs (flags or /_fake/config): latency (s before response headers), token_delay (s between
 SSE events), tokens, status (answer every POST with this status), hang (never answer a POST),
-health_status, drop_after (close the connection after N SSE events), load_running / load_waiting / load_kv (added to
+health_status, drop_after (abort the connection before token N of a stream; N at or past its last
+token: after the last, before the usage chunk and ``[DONE]``), merge (tokens per stream event, as vLLM
+v1 merges deltas when its API server falls behind its engine), load_running / load_waiting / load_kv (added to
 what /metrics reports, as if other clients used the server), validate (check the request
 fields as vLLM does and answer 400 for a bad one: ``max_tokens`` an integer in [1, 2048], ``n`` an
 integer in [1, 16], ``stream`` a boolean; ``fake_latency`` is then ignored, so fuzzed bodies can
 neither stall nor flood the fake).
 Per request: a body field ``fake_latency`` (s) replaces the latency knob for that request only, so
 one test can hold some requests open while others pass. ``POST /v1/echo_body`` answers with the
-exact bytes it received.
+exact bytes it received. ``GET /_fake/last_body`` is the last POST body (JSON) it was sent.
+
+Streams are shaped as vLLM's where the gateway reads them (docs/stream-failover.md): the tokens are
+"t0 ", "t1 ", ... one per event; chat starts with a role chunk; the last token's chunk carries the
+finish reason ("length" when ``max_tokens`` was given, else "stop"); a usage chunk follows when
+``stream_options.include_usage`` is set (prompt tokens: words of the prompt or messages); ``n``
+choices interleave. A continuation (``continue_final_message`` with a final assistant message, or
+a completions prompt ending in the fake's tokens) goes on after the last "tN" it was given, so a
+stream continued across two fakes reads "t0 ... t11" as one. ``tools`` with
+``tool_choice: "required"`` streams a tool call; a body field ``fake_reasoning`` streams reasoning.
+
+Sleep mode, as vLLM's with ``--enable-sleep-mode`` (DESIGN §3): ``POST /sleep?level=N``,
+``POST /wake_up``, ``GET /is_sleeping``, ``POST /collective_rpc`` (reload_weights),
+``POST /reset_prefix_cache``. While asleep ``/health`` stays 200 and every POST /v1/* hangs
+without an error, as vLLM's do; ``/_fake/stats`` counts them (``while_asleep``) so a test can show
+none ever arrived. Knobs: sleep_delay, wake_delay (s), wake_fail (answer wake_up with 500).
+``--fake-memory-file F`` (the same F for fakes on one "GPU") emulates what vLLM does when another
+process moves the device's memory during its start, sleep or wake: each of those holds F; finding
+F already held, the fake dies as vLLM's engine did on H200 ("Memory usage increased after
+sleeping"), so a test shows the supervisor never overlaps them.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -31,13 +54,18 @@ import time
 from typing import Any
 
 from aiohttp import web
+from fake_stream import Events, continue_problem, continued_from  # beside this file: run as a script
 
 KNOBS: dict[str, Any] = {
     "latency": 0.0, "token_delay": 0.0, "tokens": 8, "status": 200, "hang": False,
-    "health_status": 200, "drop_after": -1, "validate": False,
+    "health_status": 200, "drop_after": -1, "merge": 1, "validate": False,
     "load_running": 0, "load_waiting": 0, "load_kv": 0.0,
+    "sleep_delay": 0.0, "wake_delay": 0.0, "wake_fail": False,
 }
-STATS = {"requests_total": 0, "in_flight": 0, "cancelled": 0, "completed": 0}
+STATS = {"requests_total": 0, "in_flight": 0, "cancelled": 0, "completed": 0, "while_asleep": 0,
+         "sleeps": 0, "wakes": 0}
+ASLEEP: dict[str, int] = {}  # {"level": N} while asleep
+LAST: dict[str, Any] = {"body": None}  # the last POST body that parsed as JSON
 
 
 def _args(argv: list[str]) -> argparse.Namespace:
@@ -51,7 +79,10 @@ def _args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--fake-crash-after", type=float, default=0.0)
     p.add_argument("--fake-ignore-sigterm", action="store_true")
     p.add_argument("--fake-workers", type=int, default=0)
+    p.add_argument("--fake-workers-ignore-sigterm", action="store_true")
     p.add_argument("--fake-never-healthy", action="store_true")
+    p.add_argument("--enable-sleep-mode", action="store_true")
+    p.add_argument("--fake-memory-file", default=None)
     for knob, default in KNOBS.items():
         flag = f"--fake-{knob.replace('_', '-')}"
         if isinstance(default, bool):
@@ -78,10 +109,43 @@ def _invalid(body: dict[str, Any]) -> str | None:
     return None
 
 
+class MemoryRace(Exception):
+    """Another fake moved the shared device's memory during this one's memory operation."""
+
+
+class DeviceMemory:
+    """Holds the shared marker file for the length of one memory operation (start, sleep, wake)."""
+
+    def __init__(self, path: str | None) -> None:
+        self.path = path
+
+    def __enter__(self) -> None:
+        if self.path is None:
+            return
+        try:
+            os.close(os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            raise MemoryRace(self.path) from None
+
+    def __exit__(self, *_: object) -> None:
+        if self.path is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path)
+
+
+def _die_of_race() -> web.Response:
+    print("AssertionError: Memory usage increased after sleeping. (fake: another process used the device)",
+          flush=True)
+    asyncio.get_running_loop().call_later(0.05, os._exit, 1)
+    return _error(500, "engine died: the device's memory moved during a sleep or wake")
+
+
 class Fake:
     def __init__(self, args: argparse.Namespace) -> None:
         self.models = args.served_model_name or [args.model]
         self.name = args.fake_name or f"fake-{args.port}"
+        self.memory = DeviceMemory(args.fake_memory_file)
+        self.port = args.port
 
     async def health(self, _: web.Request) -> web.Response:
         return web.Response(status=KNOBS["health_status"])
@@ -102,6 +166,9 @@ class Fake:
     async def stats(self, _: web.Request) -> web.Response:
         return web.json_response(STATS)
 
+    async def last_body(self, _: web.Request) -> web.Response:
+        return web.json_response(LAST["body"])
+
     async def config(self, request: web.Request) -> web.Response:
         KNOBS.update(await request.json())
         return web.json_response(KNOBS)
@@ -109,10 +176,52 @@ class Fake:
     async def echo_headers(self, request: web.Request) -> web.Response:
         return web.json_response({k.lower(): v for k, v in request.headers.items()})
 
+    async def tokenize(self, request: web.Request) -> web.Response:
+        """vLLM's /tokenize and /detokenize, enough for routing tests: one token per word."""
+        body = await request.json()
+        if body.get("model") not in self.models:
+            return _error(404, f"The model `{body.get('model')}` does not exist.")
+        if request.path == "/detokenize":
+            return web.json_response({"prompt": " ".join(f"w{t}" for t in body.get("tokens", []))})
+        words = str(body.get("prompt", "")).split()
+        return web.json_response({"count": len(words), "max_model_len": 2048, "tokens": list(range(len(words))),
+                                  "served_by": self.name})
+
     async def echo_body(self, request: web.Request) -> web.Response:
         return web.Response(body=await request.read(), content_type="application/octet-stream")
 
+    async def sleep(self, request: web.Request) -> web.Response:
+        try:
+            with self.memory:
+                await asyncio.sleep(KNOBS["sleep_delay"])
+        except MemoryRace:
+            return _die_of_race()
+        ASLEEP["level"] = int(request.query.get("level", "1"))
+        STATS["sleeps"] += 1
+        return web.Response()
+
+    async def wake_up(self, _: web.Request) -> web.Response:
+        try:
+            with self.memory:
+                await asyncio.sleep(KNOBS["wake_delay"])
+        except MemoryRace:
+            return _die_of_race()
+        if KNOBS["wake_fail"]:
+            return _error(500, "injected wake failure")
+        ASLEEP.clear()
+        STATS["wakes"] += 1
+        return web.Response()
+
+    async def is_sleeping(self, _: web.Request) -> web.Response:
+        return web.json_response({"is_sleeping": bool(ASLEEP)})
+
+    async def dev_ok(self, _: web.Request) -> web.Response:
+        return web.json_response({"results": []})
+
     async def post(self, request: web.Request) -> web.StreamResponse:
+        if ASLEEP:
+            STATS["while_asleep"] += 1
+            await asyncio.sleep(3600)  # vLLM asleep: the request hangs, no error
         STATS["requests_total"] += 1
         STATS["in_flight"] += 1
         try:
@@ -129,6 +238,7 @@ class Fake:
             body = json.loads(raw)
         except ValueError:
             return _error(400, "bad json")
+        LAST["body"] = body
         if KNOBS["validate"] and not isinstance(body, dict):
             return _error(400, "body must be a JSON object")
         if body.get("model") not in self.models:
@@ -169,31 +279,40 @@ class Fake:
                                       "model": body["model"], "system_fingerprint": self.name, "choices": [choice],
                                       "usage": {"prompt_tokens": 1, "completion_tokens": n, "total_tokens": n + 1}},
                                      headers=headers)
+        if (problem := continue_problem(body)) is not None:
+            return _error(400, problem)
         resp = web.StreamResponse(headers={**headers, "content-type": "text/event-stream"})
         await resp.prepare(request)
-        for i in range(n):
+        events = Events(self.name, f"{self.name}-{STATS['requests_total']}",
+                        1_700_000_000 + self.port * 1000 + STATS["requests_total"], body, obj == "chat.completion")
+        if obj == "chat.completion":
+            await resp.write(events.role())
+        start, i = continued_from(body), 0
+        while True:
             if KNOBS["drop_after"] >= 0 and i >= KNOBS["drop_after"]:
                 assert request.transport is not None
                 request.transport.abort()
                 return resp
+            if i == n:
+                break
             if KNOBS["token_delay"]:
                 await asyncio.sleep(KNOBS["token_delay"])
-            delta = {"index": 0, "delta": {"content": f"t{i} "}, "finish_reason": None} if obj == "chat.completion" \
-                else {"index": 0, "text": f"t{i} ", "finish_reason": None}
-            chunk = {"id": "cmpl-fake", "object": obj + ".chunk" if obj == "chat.completion" else obj,
-                     "created": 0, "model": body["model"], "system_fingerprint": self.name, "choices": [delta]}
-            await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+            k = min(max(1, KNOBS["merge"]), n - i)
+            await resp.write(events.tokens(start + i, k, last=i + k == n))
+            i += k
+        if (body.get("stream_options") or {}).get("include_usage"):
+            await resp.write(events.usage(n))
         await resp.write(b"data: [DONE]\n\n")
         STATS["completed"] += 1
         await resp.write_eof()
         return resp
 
 
-def _spawn_workers(n: int) -> None:
+def _spawn_workers(n: int, ignore_sigterm: bool) -> None:
     """Children that keep running when the parent dies, as vLLM's EngineCore does."""
     for _ in range(n):
         if os.fork() == 0:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            signal.signal(signal.SIGTERM, signal.SIG_IGN if ignore_sigterm else signal.SIG_DFL)
             while True:
                 time.sleep(3600)
 
@@ -206,9 +325,14 @@ def main(argv: list[str] | None = None) -> None:
         KNOBS["health_status"] = 503
     if args.fake_ignore_sigterm:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    _spawn_workers(args.fake_workers)
+    _spawn_workers(args.fake_workers, args.fake_workers_ignore_sigterm)
     if args.fake_startup_delay:
-        time.sleep(args.fake_startup_delay)
+        try:
+            with DeviceMemory(args.fake_memory_file):
+                time.sleep(args.fake_startup_delay)
+        except MemoryRace:
+            print("fake: another process used the device while this one profiled its memory", flush=True)
+            sys.exit(1)
     print(f"fake vllm {args.port} models={args.served_model_name or [args.model]} "
           f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '')}", flush=True)
     fake = Fake(args)
@@ -217,10 +341,19 @@ def main(argv: list[str] | None = None) -> None:
     app.router.add_get("/v1/models", fake.models_)
     app.router.add_get("/metrics", fake.metrics)
     app.router.add_get("/_fake/stats", fake.stats)
+    app.router.add_get("/_fake/last_body", fake.last_body)
     app.router.add_post("/_fake/config", fake.config)
     app.router.add_post("/v1/echo_headers", fake.echo_headers)
     app.router.add_post("/v1/echo_body", fake.echo_body)
     app.router.add_post("/v1/{tail:.*}", fake.post)
+    if args.enable_sleep_mode:
+        app.router.add_post("/sleep", fake.sleep)
+        app.router.add_post("/wake_up", fake.wake_up)
+        app.router.add_get("/is_sleeping", fake.is_sleeping)
+        app.router.add_post("/collective_rpc", fake.dev_ok)
+        app.router.add_post("/reset_prefix_cache", fake.dev_ok)
+    app.router.add_post("/tokenize", fake.tokenize)
+    app.router.add_post("/detokenize", fake.tokenize)
 
     async def crash(_: web.Application) -> None:
         if args.fake_crash_after:

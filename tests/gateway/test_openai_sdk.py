@@ -22,8 +22,9 @@ def test_chat(client: openai.OpenAI) -> None:
 def test_chat_streaming_arrives_in_chunks(client: openai.OpenAI) -> None:
     stream = client.chat.completions.create(model="m1", messages=[{"role": "user", "content": "hi"}],
                                             max_tokens=5, stream=True)
-    parts = [c.choices[0].delta.content for c in stream]
-    assert parts == ["t0 ", "t1 ", "t2 ", "t3 ", "t4 "]
+    chunks = list(stream)
+    assert [c.choices[0].delta.content for c in chunks] == ["", "t0 ", "t1 ", "t2 ", "t3 ", "t4 "]
+    assert chunks[0].choices[0].delta.role == "assistant" and chunks[-1].choices[0].finish_reason == "length"
 
 
 def test_completions_and_embeddings(client: openai.OpenAI) -> None:

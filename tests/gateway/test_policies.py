@@ -12,18 +12,19 @@ import pytest
 from fleetspec.infernet import BackendSpec
 from fleetspec.tiers import VramTier
 from gateway.app import FleetGateway
-from gateway.backend import EJECTED, HEALTHY, UNHEALTHY, Backend
+from gateway.backend import Backend, BackendSet
 from gateway.ejection import Ejector
 from gateway.limiter import QUEUE_FULL, QUEUE_TIMEOUT, Limiter, Rejected
 from gateway.metrics import GatewayMetrics
 from gateway.pool import BackendPool
 from gateway.retry import RetryPolicy
 from gateway.settings import GatewaySettings
+from gateway.state import BackendState as S
 
 
 def _b(name: str, models: list[str]) -> Backend:
     b = Backend(name, f"http://{name}", VramTier.UNKNOWN, models, list(models))
-    b.state = HEALTHY
+    b.state = S.HEALTHY
     return b
 
 
@@ -46,21 +47,21 @@ def test_no_retry_starts_past_the_deadline() -> None:
 
 def test_ejection_period_grows_and_spares_the_last_replica() -> None:
     a, b = _b("a", ["m"]), _b("b", ["m", "only-b"])
-    pool = BackendPool([a, b], None)
-    ej = Ejector(pool, GatewaySettings(eject_failures=2, eject_base_s=5, eject_max_s=12), GatewayMetrics())
+    pool = BackendPool(BackendSet([a, b]), None)
+    ej = Ejector(pool.backends, GatewaySettings(eject_failures=2, eject_base_s=5, eject_max_s=12), GatewayMetrics())
     ej.failure(a, "x")
-    assert a.state == HEALTHY
+    assert a.state == S.HEALTHY
     ej.failure(a, "x")
-    assert a.state == EJECTED and 4 < a.ejected_until - a.last_change <= 5
+    assert a.state == S.EJECTED and 4 < a.ejected_until - a.last_change <= 5
     for _ in range(5):  # b is the last replica of "m" now, and the only one of "only-b"
         ej.failure(b, "x")
-    assert b.state == HEALTHY
+    assert b.state == S.HEALTHY
     # Back through a probe once the period is over, then failing again soon: a longer period.
     a.ejected_until = 0
-    assert a.record_probe(True, None, 3, 2) and a.state == HEALTHY and a.request_failures == 0
+    assert a.record_probe(True, None, 3, 2) and a.state == S.HEALTHY and a.request_failures == 0
     ej.failure(a, "x")
     ej.failure(a, "x")
-    assert a.state == EJECTED and 9 < a.ejected_until - a.last_change <= 10
+    assert a.state == S.EJECTED and 9 < a.ejected_until - a.last_change <= 10
     a.ejected_until = 0
     a.record_probe(True, None, 3, 2)
     ej.failure(a, "x")
@@ -68,15 +69,15 @@ def test_ejection_period_grows_and_spares_the_last_replica() -> None:
     assert 11 < a.ejected_until - a.last_change <= 12  # capped at eject_max_s
     # Bad probes take an ejected backend to unhealthy, as from any state; a good probe within the
     # period does not end the ejection.
-    assert not a.record_probe(True, None, 3, 2) and a.state == EJECTED
+    assert not a.record_probe(True, None, 3, 2) and a.state == S.EJECTED
     for _ in range(3):
         a.record_probe(False, "down", 3, 2)
-    assert a.state == UNHEALTHY
+    assert a.state == S.UNHEALTHY
 
 
 async def test_limiter_hands_freed_slots_to_waiters_in_order() -> None:
     a = _b("a", ["m"])
-    pool = BackendPool([a], None)
+    pool = BackendPool(BackendSet([a]), None)
     lim = Limiter(pool, GatewaySettings(backend_max_concurrency=1, backend_queue=2, queue_timeout_s=5),
                   GatewayMetrics())
     loop = asyncio.get_running_loop()
@@ -103,7 +104,7 @@ async def test_limiter_hands_freed_slots_to_waiters_in_order() -> None:
 
 async def test_limiter_cancelled_or_timed_out_waiters_leave_the_queue() -> None:
     a = _b("a", ["m"])
-    lim = Limiter(BackendPool([a], None), GatewaySettings(backend_max_concurrency=1, queue_timeout_s=0.05),
+    lim = Limiter(BackendPool(BackendSet([a]), None), GatewaySettings(backend_max_concurrency=1, queue_timeout_s=0.05),
                   GatewayMetrics())
     loop = asyncio.get_running_loop()
     await lim.acquire("m", (), loop.time() + 10)
@@ -123,7 +124,7 @@ async def test_limiter_cancelled_or_timed_out_waiters_leave_the_queue() -> None:
 async def test_unexpected_error_in_the_proxy_is_a_500_envelope(monkeypatch: pytest.MonkeyPatch,
                                                                caplog: pytest.LogCaptureFixture) -> None:
     gw = FleetGateway(GatewaySettings(), [BackendSpec("a", "http://127.0.0.1:9", ["m"])], None)
-    gw.pool.backends[0].state = HEALTHY
+    gw.pool.backends[0].state = S.HEALTHY
 
     async def boom(*_: Any) -> None:
         raise RuntimeError("secret internals")

@@ -13,7 +13,7 @@ import httpx
 import openai
 import pytest
 
-from gateway.loadscrape import parse_load
+from gateway.load import parse_load
 from tests.support.procs import Gateway, wait_until
 from tests.support.real_vllm import MAX_MODEL_LEN
 
@@ -77,6 +77,16 @@ def test_vllm_metrics_reachable_beside(real_vllm: RealVllm) -> None:
     # The load signals later routing policies read; documented as vLLM's, not re-exported.
     assert "vllm:num_requests_running" in httpx.get(real_vllm.url + "/metrics").text
 
+
+def test_tokenize_round_trip_through_the_gateway(gw: Gateway) -> None:
+    """What `vllm bench serve` asks before a run (it warned "/tokenize unavailable" before)."""
+    tok = httpx.post(gw.url + "/tokenize", json={"model": "tiny-a", "prompt": "hello world",
+                                                 "add_special_tokens": False}, timeout=30)
+    assert tok.status_code == 200, tok.text
+    tokens = tok.json()["tokens"]
+    assert tokens and all(isinstance(t, int) for t in tokens)
+    detok = httpx.post(gw.url + "/detokenize", json={"model": "tiny-a", "tokens": tokens}, timeout=30)
+    assert detok.status_code == 200 and detok.json()["prompt"] == "hello world"
 
 
 

@@ -11,11 +11,12 @@ import pytest
 
 from fleetspec.policies import Policy
 from fleetspec.tiers import VramTier
-from gateway.backend import HEALTHY, Backend
-from gateway.loadscrape import UpstreamLoad, load_estimate, load_score, parse_load
+from gateway.backend import Backend, BackendSet
+from gateway.load import UpstreamLoad, load_estimate, load_score, parse_load
 from gateway.pool import BackendPool
 from gateway.prefix import BLOCK_CHARS, HashRing, PrefixIndex, block_hashes, prompt_text
 from gateway.routing import OVERLOADED, PREFIX_MATCH, PREFIX_MISS, SESSION, Router, hint_for
+from gateway.state import BackendState as S
 
 # Shaped like vLLM 0.32's exposition: HELP/TYPE lines, label sets, a histogram, _created series.
 EXPOSITION = b"""# HELP vllm:num_requests_running Number of requests in model execution batches.
@@ -47,7 +48,7 @@ def test_parse_load_accepts_older_vllm_names_and_ignores_junk() -> None:
 
 def _b(name: str, in_flight: int = 0, load: UpstreamLoad | None = None) -> Backend:
     b = Backend(name, f"http://{name}", VramTier.UNKNOWN, ["m"], ["m"])
-    b.state = HEALTHY
+    b.state = S.HEALTHY
     b.in_flight = in_flight
     b.load = load
     return b
@@ -64,7 +65,7 @@ def test_load_estimate_adds_what_others_send_and_drops_stale_scrapes() -> None:
 
 def _pool(policy: Policy, *backends: Backend, factor: float = 1.25) -> tuple[BackendPool, list[tuple[str, ...]]]:
     decisions: list[tuple[str, ...]] = []
-    pool = BackendPool(list(backends), None, lambda _: Router(policy, factor, 1000, 3.0),
+    pool = BackendPool(BackendSet(backends), None, lambda _: Router(policy, factor, 1000, 3.0),
                        lambda *d: decisions.append(d))
     return pool, decisions
 
@@ -170,7 +171,7 @@ def test_session_key_is_sticky_bounded_and_consistent() -> None:
     moved = {s for s, b in home.items() if pool.pick("m", hint=hint_for(doc, s)) is not b}
     assert moved == {s for s, b in home.items() if b is gone}
     # A home over the bound passes its session on, and says so.
-    gone.state = HEALTHY
+    gone.state = S.HEALTHY
     gone.in_flight = 10
     assert pool.pick("m", hint=hint_for(doc, "s0")) is not gone and decisions[-1][2] == OVERLOADED
 

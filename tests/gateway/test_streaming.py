@@ -19,6 +19,7 @@ def _events(lines: list[str]) -> list[str]:
 
 
 def test_mid_stream_failure_ends_with_error_event_and_no_done(gateway: Gateway, fakes: list[FakeVllm]) -> None:
+    """m2 has one replica: nowhere to continue (tests/gateway/test_migration.py has the rest)."""
     fakes[2].configure(drop_after=2)
     lines: list[str] = []
     with pytest.raises(httpx.RemoteProtocolError), httpx.stream(
@@ -29,8 +30,10 @@ def test_mid_stream_failure_ends_with_error_event_and_no_done(gateway: Gateway, 
         for line in r.iter_lines():
             lines.append(line)
     events = _events(lines)
-    assert len(events) == 3, events
-    assert json.loads(events[-1])["error"]["type"] == "upstream_error"
+    assert len(events) == 4, events  # the role chunk, t0, t1, the error event
+    error = json.loads(events[-1])["error"]
+    assert error["type"] == "upstream_error" and error["code"] == 502
+    assert "no other replica" in error["message"]
     assert "[DONE]" not in events
 
 
@@ -41,7 +44,7 @@ def test_mid_stream_failure_is_an_error_for_the_sdk(gateway: Gateway, fakes: lis
     with pytest.raises(openai.APIError):
         for chunk in client.chat.completions.create(model="m2", messages=[], max_tokens=6, stream=True):
             got.append(chunk.choices[0].delta.content)
-    assert got == ["t0 ", "t1 "]
+    assert got == ["", "t0 ", "t1 "]
 
 
 def _raw_request(port: int, body: dict[str, object]) -> socket.socket:

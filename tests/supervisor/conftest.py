@@ -121,3 +121,16 @@ def fleet_doc(tmp_path: Path, instances: list[dict[str, Any]], **supervisor: Any
         "supervisor": sup,
         "instances": [{"device": "cpu", "port": free_port(), **inst} for inst in instances],
     }
+
+
+@pytest.fixture
+def up_procs() -> Iterator[list[Any]]:
+    """`vllm-fleet up` processes a test starts (test_up.Up): killed with their group afterwards."""
+    started: list[Any] = []
+    try:
+        yield started
+    finally:
+        for up in started:
+            if up.proc.poll() is None:
+                os.killpg(up.proc.pid, signal.SIGKILL)
+                up.proc.wait()

@@ -180,3 +180,40 @@ async def test_a_command_that_cannot_start_goes_fatal(harness: Harness) -> None:
     sup = harness.start([], command=["/nonexistent/vllm"], start_retries=1)
     await wait_for(lambda: sup.state is State.FATAL, 10, "FATAL")
     assert "cannot start '/nonexistent/vllm'" in (sup.last_exit or "")
+
+
+async def test_leftovers_of_a_crashed_leader_get_the_short_grace(harness: Harness) -> None:
+    """Issue 18 #2: after the API server died, a worker that ignores SIGTERM held the restart for
+    the whole stop_grace_s (30 s). Leftovers of a dead leader get orphan_grace_s (default 3 s)."""
+    sup = harness.start(["--fake-workers", "1", "--fake-workers-ignore-sigterm"], stop_grace_s=30)
+    await wait_for(lambda: sup.state is State.RUNNING, 15, "RUNNING")
+    old = sup.pid
+    assert old is not None
+    await wait_for(lambda: len(harness.reaper.alive()) == 2, 5, "API server + worker")
+    worker = next(p for p in harness.reaper.alive() if p != old)
+    began: list[float] = []
+    sup.on_transition = lambda _old, new: began.append(time.monotonic()) if new is State.STARTING else None
+
+    t0 = time.monotonic()
+    os.kill(old, signal.SIGKILL)  # the API server crashes; its worker stays and ignores SIGTERM
+    try:
+        await wait_for(lambda: bool(began), 15, "the restart to begin (the old behaviour waited 30 s)")
+        print(f"\ncrash -> restart began, worker ignoring SIGTERM, stop_grace_s=30: {began[0] - t0:.2f}s")
+        assert not pid_alive(worker), "the worker was SIGKILLed before the restart"
+        await wait_for(lambda: sup.state is State.RUNNING and sup.pid not in (None, old), 15, "RUNNING again")
+    finally:
+        sup.urgent.set()  # the new worker ignores SIGTERM too: no 30 s grace in teardown
+        await harness.stop(sup)
+
+
+async def test_a_requested_stop_keeps_the_full_grace(harness: Harness) -> None:
+    """The short grace is only for leftovers of a leader that was already dead: a stop that was asked
+    for gives the whole group stop_grace_s, even once the leader is gone."""
+    sup = harness.start(["--fake-workers", "1", "--fake-workers-ignore-sigterm"], stop_grace_s=1.5,
+                        orphan_grace_s=0.1)
+    await wait_for(lambda: sup.state is State.RUNNING, 15, "RUNNING")
+    pgid = sup.pid
+    assert pgid is not None
+    took = await harness.stop(sup)
+    assert took >= 1.4, took
+    assert not group_alive(pgid) and harness.reaper.alive() == []

@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -51,18 +50,6 @@ class Up:
             return bool(found) and all(i["state"] == "RUNNING" for i in found)
         wait_until(ready, timeout, "every child RUNNING")
         return self.instances(url)
-
-
-@pytest.fixture
-def up_procs() -> Iterator[list[Up]]:
-    started: list[Up] = []
-    try:
-        yield started
-    finally:
-        for up in started:
-            if up.proc.poll() is None:
-                os.killpg(up.proc.pid, signal.SIGKILL)
-                up.proc.wait()
 
 
 def write(tmp_path: Path, doc: dict[str, Any]) -> Path:

@@ -129,3 +129,9 @@ def test_gpus_lists_or_says_none(monkeypatch: pytest.MonkeyPatch, capsys: pytest
     monkeypatch.setattr("fleet_supervisor.commands.discover_gpus", lambda: [])
     assert main(["gpus"]) == 0
     assert "no GPU found" in capsys.readouterr().out
+
+
+def test_a_negative_orphan_grace_exits_2_naming_the_key(tmp_path: Path, gpus: list[Gpu],
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run_check(tmp_path, fleet_doc(tmp_path, [cuda("a", [0])], orphan_grace_s=-1), capsys)
+    assert code == 2 and "supervisor.orphan_grace_s" in err
