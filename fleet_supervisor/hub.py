@@ -34,7 +34,7 @@ class _Peer:
     demand: dict[str, int] = field(default_factory=dict)
     in_flight: dict[str, int] = field(default_factory=dict)
     last_request: dict[str, float] = field(default_factory=dict)
-    in_rotation: set[str] = field(default_factory=set)
+    in_rotation: dict[str, int] = field(default_factory=dict)  # instance -> the epoch it is routed in
     acked: dict[str, int] = field(default_factory=dict)  # instance -> highest drained epoch
 
 
@@ -67,9 +67,9 @@ class ControlHub:
     def last_request(self, instance: str) -> float:
         return max((p.last_request.get(instance, 0.0) for p in self._peers.values()), default=0.0)
 
-    def in_rotation(self, instance: str) -> bool:
-        """Every connected gateway routes to ``instance`` (true when none is connected)."""
-        return all(instance in p.in_rotation for p in self._peers.values())
+    def in_rotation(self, instance: str, epoch: int = 0) -> bool:
+        """Every connected gateway routes to ``instance`` in ``epoch`` or later (true when none is connected)."""
+        return all(p.in_rotation.get(instance, -1) >= epoch for p in self._peers.values())
 
     async def wait_drained(self, instance: str, epoch: int) -> None:
         """Until every connected gateway acknowledged ``epoch`` of ``instance`` (or left)."""
@@ -134,7 +134,7 @@ class ControlHub:
         elif kind == control.ACTIVITY:
             peer.in_flight = {str(k): int(v) for k, v in doc["in_flight"].items()}
             peer.last_request = {str(k): float(v) for k, v in doc["last_request"].items()}
-            peer.in_rotation = {str(n) for n in doc["in_rotation"]}
+            peer.in_rotation = {str(k): int(v) for k, v in doc["in_rotation"].items()}
         elif kind == control.DRAINED:
             peer.acked[doc["instance"]] = max(peer.acked.get(doc["instance"], -1), doc["epoch"])
         elif kind == control.COMMAND:

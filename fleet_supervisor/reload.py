@@ -116,7 +116,8 @@ class Reloader:
         while loop.time() < deadline:
             if sup.state not in UP_STATES:
                 seen_down = True
-            elif seen_down and (sup.state is State.SLEEPING or fleet.hub is None or fleet.hub.in_rotation(name)):
+            elif seen_down and (sup.state is State.SLEEPING or fleet.hub is None
+                                or fleet.hub.in_rotation(name, sup.epoch)):
                 return
             if sup.state is State.FATAL:
                 fleet.say(f"reload: {name} is FATAL; the rest of the reload goes on")

@@ -22,7 +22,7 @@ INSTANCES = "instances"  # {instances: [{name, state, epoch, url, models, wakes}
 RESULT = "result"  # {id, ok, status, message}: status as HTTP: 200, 404 no such instance, 409 refused
 # gateway -> supervisor
 DEMAND = "demand"  # {model, waiting}: requests wait for a model with no awake replica
-ACTIVITY = "activity"  # {in_flight: {instance: n}, last_request: {instance: unix time}, in_rotation: [instance]}
+ACTIVITY = "activity"  # {in_flight: {instance: n}, last_request: {instance: unix time}, in_rotation: {instance: epoch}}
 DRAINED = "drained"  # {instance, epoch}: nothing routed to it in that epoch, nothing in flight on it
 COMMAND = "command"  # {id, instance, action}
 
@@ -38,7 +38,7 @@ _FIELDS: dict[str, dict[str, type | tuple[type, ...]]] = {
     INSTANCES: {"instances": list},
     RESULT: {"id": int, "ok": bool, "status": int, "message": str},
     DEMAND: {"model": str, "waiting": int},
-    ACTIVITY: {"in_flight": dict, "last_request": dict, "in_rotation": list},
+    ACTIVITY: {"in_flight": dict, "last_request": dict, "in_rotation": dict},
     DRAINED: {"instance": str, "epoch": int},
     COMMAND: {"id": int, "instance": str, "action": str},
 }

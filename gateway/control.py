@@ -205,8 +205,11 @@ class SupervisorLink:
             await asyncio.sleep(_ACTIVITY_S)
             in_flight = {b.name: b.in_flight for b in self.backends}
             last = {b.name: b.last_request for b in self.backends if b.last_request}
-            healthy = sorted(b.name for b in self.backends if b.healthy)
-            key = (tuple(in_flight.items()), tuple(last.items()), tuple(healthy))
+            # With the epoch the backend is healthy in: a restart that went out of rotation and back
+            # between two sends still changes what is sent, and the supervisor can tell this
+            # "in rotation" from one reported before the restart.
+            healthy = {b.name: b.epoch for b in self.backends if b.healthy}
+            key = (tuple(in_flight.items()), tuple(last.items()), tuple(sorted(healthy.items())))
             if key != self._sent_activity and self._ws is not None:
                 self._sent_activity = key
                 self._send(control.encode(control.ACTIVITY, in_flight=in_flight, last_request=last,

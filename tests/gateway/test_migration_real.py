@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 pytest_plugins = ["tests.support.real_vllm"]
 pytestmark = [pytest.mark.realvllm, pytest.mark.timeout(600)]
 
-MAX_TOKENS = 200
+MAX_TOKENS = 1500  # ≈ 2.5 s of generation: the kill lands mid-stream even when the client reads slowly
 KILL_AFTER = 5  # content chunks: early, since the tiny model makes thousands of tokens a second
 
 
@@ -89,7 +89,9 @@ def test_sigkill_mid_stream_the_sdk_sees_one_answer(replicas: list[RealVllm], gw
             os.killpg(victim.pgid, signal.SIGKILL)  # API server, EngineCore and workers at once
             killed_at = len(pieces)
     elapsed = time.monotonic() - t0
-    assert killed_at and not victim.alive()
+    assert killed_at
+    # SIGKILL is not instant death: tearing down a big address space takes a moment under load.
+    victim.proc.wait(30)
     assert finish == ["length"]
     assert len(ids) == 1  # one stream: the continuation's chunks carry the first replica's id
     assert "".join(pieces[killed_at:]), "no text after the kill"
