@@ -133,6 +133,7 @@ class Limiter:
         if len(q) >= capacity:
             raise Rejected(QUEUE_FULL, f"every replica of '{model}' is busy and its queue of {capacity} is full")
         loop = asyncio.get_running_loop()
+        queued_at = loop.time()
         w = _Waiter(next(self._seq), loop.create_future(), tuple(exclude))
         q.append(w)
         self.waiting += 1
@@ -153,6 +154,7 @@ class Limiter:
             raise Rejected(QUEUE_TIMEOUT, f"no replica of '{model}' became free within "
                            f"{self.queue_timeout_s}s") from None
         finally:
+            self.metrics.queue_wait.labels(model).observe(loop.time() - queued_at)
             if w.queued:
                 w.queued = False
                 q.remove(w)

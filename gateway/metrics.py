@@ -69,6 +69,10 @@ class GatewayMetrics:
                                 ["reason"], registry=r)
         self.queue_depth = Gauge("fleet_queue_depth", "Requests waiting for a free replica of the model",
                                  ["model"], registry=r, multiprocess_mode="livesum")
+        # Only requests that queued are observed (the rest waited 0): its count says how many queued.
+        self.queue_wait = Histogram("fleet_queue_wait_seconds",
+                                    "Time a request waited in the gateway's queue for a free (or waking) replica",
+                                    ["model"], buckets=_TTFB_BUCKETS, registry=r)
         self.workers = Gauge("fleet_gateway_workers", "Gateway worker processes alive", registry=r,
                              multiprocess_mode="livesum")
         self.workers.set(1)

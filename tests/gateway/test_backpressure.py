@@ -86,6 +86,9 @@ def test_full_replica_queues_then_serves(busy: tuple[FakeVllm, Gateway]) -> None
     assert fake.stats()["in_flight"] == 2  # the limit holds: the third waits in the gateway
     assert [r.status_code for r in reqs.join()] == [200, 200, 200]
     assert _depth(gw) == 0
+    # Only the one that queued is observed, and it waited for a slot held ~0.8 s.
+    assert _metric(gw, 'fleet_queue_wait_seconds_count{model="q"}') == 1
+    assert _metric(gw, 'fleet_queue_wait_seconds_sum{model="q"}') > 0.3
 
 
 def test_full_queue_is_429_quickly_and_long_waits_time_out(busy: tuple[FakeVllm, Gateway]) -> None:

@@ -1,0 +1,160 @@
+"""Issue 21's GPU benchmark: ``vllm bench serve`` straight to one vLLM and through the gateway,
+interleaved, several passes per concurrency, with the gateway's own queue wait beside it.
+
+    python3 bench/gpu/serve_pairs.py start --model-dir DIR --out W        # vllm-fleet up, left running
+    python3 bench/gpu/serve_pairs.py run --out W --conc 256 --passes 3     # direct/gateway pairs, appended
+    python3 bench/gpu/serve_pairs.py stop --out W                          # stop, then the table
+
+One instance of the tiny model on GPU 0 (served as ``tiny``) under ``vllm-fleet up`` with the
+gateway's default settings: its ``backend_max_concurrency`` is the instance's vLLM
+``max_num_seqs`` (1,024 on a GPU of 70 GiB and more). Passes alternate their order (direct first,
+then gateway first, ...) so drift over the run shows up as spread, not as a difference. Each
+gateway pass also reads, from the gateway's /metrics before and after, how many requests queued
+in the gateway and their mean wait (``fleet_queue_wait_seconds``), and the mean time to first
+byte the gateway measured (``fleet_time_to_first_byte_seconds``). ``up`` is started in its own
+session so that it outlives one device call; ``stop`` stops it by PID (OUT/up.pid).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_fleet import GW, base_fleet, bench, fleet_healthy, inst, instances, log, wait
+
+DIRECT = "http://127.0.0.1:8001"
+MODEL = "tiny"
+KEYS = ("output_throughput", "median_ttft_ms", "p99_ttft_ms", "median_itl_ms")
+
+
+def start(model_dir: str, w: Path) -> dict[str, Any]:
+    fleet = {**base_fleet(w), "instances": [{**inst("a", model_dir, [0], [MODEL], 8001),
+                                             "gpu_memory_utilization": 0.5}]}
+    path = w / "fleet.yaml"
+    path.write_text(yaml.safe_dump(fleet))
+    fh = open(w / "up.log", "ab")  # noqa: SIM115 - handed to the child
+    up = subprocess.Popen([sys.executable, "-m", "vllm_fleet.cli", "up", "-c", str(path)], stdout=fh,
+                          stderr=subprocess.STDOUT, start_new_session=True)
+    (w / "up.pid").write_text(str(up.pid))
+    took = wait(lambda: fleet_healthy(["a"]) and len(instances()) == 2, 420, "instance a in rotation")
+    limits = httpx.get(GW + "/fleet", timeout=5).json()
+    return {"up_to_ready_s": round(took, 1), "fleet": limits}
+
+
+def _samples(text: str) -> dict[str, float]:
+    want = {"q_sum": rf'fleet_queue_wait_seconds_sum{{model="{MODEL}"}}',
+            "q_count": rf'fleet_queue_wait_seconds_count{{model="{MODEL}"}}',
+            "ttfb_sum": rf'fleet_time_to_first_byte_seconds_sum{{model="{MODEL}"}}',
+            "ttfb_count": rf'fleet_time_to_first_byte_seconds_count{{model="{MODEL}"}}'}
+    out = {}
+    for k, name in want.items():
+        m = re.search(rf"^{re.escape(name)} (\S+)$", text, re.M)
+        out[k] = float(m.group(1)) if m else 0.0
+    return out
+
+
+def _gateway_pid() -> int | None:
+    return next((i["pid"] for n, i in instances().items() if n == "gateway"), None)
+
+
+def one(model_dir: str, w: Path, target: str, conc: int, tag: str) -> dict[str, Any]:
+    base = DIRECT if target == "direct" else GW
+    before = _samples(httpx.get(GW + "/metrics", timeout=10).text)
+    r = bench(model_dir, base, MODEL, w, tag, prompts=3 * conc, conc=conc,
+              gw_pid=_gateway_pid() if target == "gateway" else None)
+    after = _samples(httpx.get(GW + "/metrics", timeout=10).text)
+    r.update(target=target, conc=conc, tag=tag)
+    if target == "gateway":
+        d = {k: after[k] - before[k] for k in after}
+        r["queued"] = int(d["q_count"])
+        r["mean_queue_wait_ms"] = round(d["q_sum"] / max(1, r.get("completed") or 1) * 1000, 2)
+        r["gateway_ttfb_mean_ms"] = round(d["ttfb_sum"] / max(1.0, d["ttfb_count"]) * 1000, 1)
+    log(f"{tag}: " + ", ".join(f"{k}={r.get(k)}" for k in (*KEYS, "queued", "mean_queue_wait_ms")))
+    return r
+
+
+def run(model_dir: str, w: Path, concs: list[int], passes: int) -> list[dict[str, Any]]:
+    rows_path = w / "rows.json"
+    rows: list[dict[str, Any]] = json.loads(rows_path.read_text()) if rows_path.exists() else []
+    for conc in concs:
+        for p in range(passes):
+            order = ["direct", "gateway"] if p % 2 == 0 else ["gateway", "direct"]
+            for target in order:
+                rows.append(one(model_dir, w, target, conc, f"c{conc}-p{p}-{target}"))
+                rows_path.write_text(json.dumps(rows, indent=1))
+    return rows
+
+
+def table(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per concurrency: the median of each metric per target, its spread (min..max), the ratio."""
+    res: dict[str, Any] = {}
+    for conc in sorted({r["conc"] for r in rows}):
+        entry: dict[str, Any] = {}
+        for key in (*KEYS, "mean_queue_wait_ms", "gateway_cpu_us_per_event"):
+            per: dict[str, list[float]] = {}
+            for t in ("direct", "gateway"):
+                vals = [float(r[key]) for r in rows if r["conc"] == conc and r["target"] == t
+                        and r.get(key) is not None]
+                if vals:
+                    per[t] = vals
+            if not per:
+                continue
+            entry[key] = {t: {"median": round(statistics.median(v), 2), "min": round(min(v), 2),
+                              "max": round(max(v), 2), "n": len(v)} for t, v in per.items()}
+            if "direct" in per and "gateway" in per and statistics.median(per["direct"]):
+                entry[key]["ratio"] = round(statistics.median(per["gateway"]) / statistics.median(per["direct"]), 3)
+        res[str(conc)] = entry
+    return res
+
+
+def stop(w: Path) -> dict[str, Any]:
+    pid = int((w / "up.pid").read_text())
+    t = time.monotonic()
+    os.kill(pid, signal.SIGTERM)
+    while time.monotonic() - t < 120:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.2)
+    return {"stop_s": round(time.monotonic() - t, 1),
+            "nvidia_smi": subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv"],
+                                         capture_output=True, text=True).stdout}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("phase", choices=["start", "run", "stop"])
+    ap.add_argument("--model-dir", default="/tmp/tiny-model")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--conc", type=int, nargs="+", default=[256])
+    ap.add_argument("--passes", type=int, default=3)
+    a = ap.parse_args()
+    w = Path(a.out)
+    w.mkdir(parents=True, exist_ok=True)
+    if a.phase == "start":
+        res: Any = start(a.model_dir, w)
+    elif a.phase == "run":
+        res = table(run(a.model_dir, w, a.conc, a.passes))
+    else:
+        rows = json.loads((w / "rows.json").read_text()) if (w / "rows.json").exists() else []
+        res = {"stop": stop(w), "table": table(rows)}
+    (w / f"{a.phase}.json").write_text(json.dumps(res, indent=1, default=str))
+    print(json.dumps(res, indent=1, default=str)[-8000:])
+
+
+if __name__ == "__main__":
+    main()

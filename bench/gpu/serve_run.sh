@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Issue 21's GPU benchmark on one H200 (bench/gpu/serve_pairs.py), after ../shared/gpu-vllm's
+# folders were carried to /tmp/w (prepare.sh's header), with .gpu/tools and .whl2 carried:
+#   bash bench/gpu/serve_run.sh start                       # tiny model + `vllm-fleet up` (left running)
+#   bash bench/gpu/serve_run.sh run --conc 256 --passes 3   # interleaved direct/gateway passes
+#   bash bench/gpu/serve_run.sh stop                        # stop `up`, the table of medians and ratios
+set -uo pipefail
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+eval "$(bash .gpu/tools/install.sh)"
+if [ ! -d /tmp/site/pydantic_settings ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl2/*.whl || exit 1
+fi
+export PYTHONPATH=/tmp/site:$PWD
+W=/tmp/serve-pairs
+mkdir -p "$W"
+if [ "$1" = start ] && [ ! -d /tmp/tiny-model ]; then
+  python3 -c "from vllm_fleet.tinymodel import make_tiny_model; print(make_tiny_model('/tmp/tiny-model'))" || exit 1
+fi
+python3 bench/gpu/serve_pairs.py "$1" --out "$W" "${@:2}"
+rc=$?
+cp "$W"/*.json "$W"/fleet.yaml "${OUT:-/tmp/out}"/ 2>/dev/null
+tail -c 200000 "$W"/up.log > "${OUT:-/tmp/out}"/up.log 2>/dev/null
+exit $rc
