@@ -1,7 +1,7 @@
 """Issue 21's GPU benchmark: ``vllm bench serve`` straight to one vLLM and through the gateway,
 interleaved, several passes per concurrency, with the gateway's own queue wait beside it.
 
-    python3 bench/gpu/serve_pairs.py start --model-dir DIR --out W        # vllm-fleet up, left running
+    python3 bench/gpu/serve_pairs.py start --model-dir DIR --out W [--workers N]  # vllm-fleet up, left running
     python3 bench/gpu/serve_pairs.py run --out W --conc 256 --passes 3     # direct/gateway pairs, appended
     python3 bench/gpu/serve_pairs.py stop --out W                          # stop, then the table
 
@@ -40,9 +40,10 @@ MODEL = "tiny"
 KEYS = ("output_throughput", "median_ttft_ms", "p99_ttft_ms", "median_itl_ms")
 
 
-def start(model_dir: str, w: Path) -> dict[str, Any]:
+def start(model_dir: str, w: Path, workers: int) -> dict[str, Any]:
     fleet = {**base_fleet(w), "instances": [{**inst("a", model_dir, [0], [MODEL], 8001),
                                              "gpu_memory_utilization": 0.5}]}
+    fleet["gateway"]["workers"] = workers
     path = w / "fleet.yaml"
     path.write_text(yaml.safe_dump(fleet))
     fh = open(w / "up.log", "ab")  # noqa: SIM115 - handed to the child
@@ -142,11 +143,13 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--conc", type=int, nargs="+", default=[256])
     ap.add_argument("--passes", type=int, default=3)
+    ap.add_argument("--workers", type=int, default=1, help="gateway workers (start); CPU per event then "
+                    "counts the master process only")
     a = ap.parse_args()
     w = Path(a.out)
     w.mkdir(parents=True, exist_ok=True)
     if a.phase == "start":
-        res: Any = start(a.model_dir, w)
+        res: Any = start(a.model_dir, w, a.workers)
     elif a.phase == "run":
         res = table(run(a.model_dir, w, a.conc, a.passes))
     else:
