@@ -2,12 +2,7 @@
 # On the 2×H200 device machine, after ../shared/gpu-vllm's wheels were carried to /tmp/w:
 #   bash bench/gpu/run.sh pair|tp     (carry .gpu/tools and .whl2: pydantic-settings, dotenv, tenacity, httptools)
 set -uo pipefail
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-eval "$(bash .gpu/tools/install.sh)"
-if [ ! -d /tmp/site/pydantic_settings ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl2/*.whl || exit 1
-fi
-export PYTHONPATH=/tmp/site:$PWD
+. bench/gpu/kit.sh
 OUT=${OUT:-/tmp/out}
 pkill -f "vllm_fleet.cli up" 2>/dev/null; sleep 1
 python3 -c "from vllm_fleet.tinymodel import make_tiny_model; print(make_tiny_model('/tmp/tiny-model'))" || exit 1

@@ -29,14 +29,7 @@
 # Rehearse the whole sequence without GPUs (fake vLLMs, a stand-in nvidia-smi), here:
 #   .venv/bin/python bench/gpu/seed_layout.py prepare start measure orphan stop --rehearse --out /tmp/seed-rehearse
 set -uo pipefail
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-eval "$(bash .gpu/tools/install.sh)"
-if [ ! -d /tmp/site/pydantic_settings ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl2/*.whl || exit 1
-fi
-export PYTHONPATH=/tmp/site:$PWD
-# install.sh's exports set these too; again, so that no process here runs without them.
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+. bench/gpu/kit.sh
 W=/tmp/seed-run
 mkdir -p "$W"
 python3 bench/gpu/seed_layout.py "$@" --out "$W"

@@ -5,12 +5,7 @@
 #   bash bench/gpu/serve_run.sh run --conc 256 --passes 3   # interleaved direct/gateway passes
 #   bash bench/gpu/serve_run.sh stop                        # stop `up`, the table of medians and ratios
 set -uo pipefail
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-eval "$(bash .gpu/tools/install.sh)"
-if [ ! -d /tmp/site/pydantic_settings ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl2/*.whl || exit 1
-fi
-export PYTHONPATH=/tmp/site:$PWD
+. bench/gpu/kit.sh
 W=/tmp/serve-pairs
 mkdir -p "$W"
 if [ "$1" = start ] && [ ! -d /tmp/tiny-model ]; then

@@ -6,12 +6,7 @@
 #   bash bench/gpu/sleep_run.sh start            # models + `vllm-fleet up` (left running), ≈ 6–8 min
 #   bash bench/gpu/sleep_run.sh measure          # wakes with room, with a swap, 5 min mixed load, stop
 set -uo pipefail
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-eval "$(bash .gpu/tools/install.sh)"
-if [ ! -d /tmp/site/pydantic_settings ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl2/*.whl || exit 1
-fi
-export PYTHONPATH=/tmp/site:$PWD
+. bench/gpu/kit.sh
 W=/tmp/sleep-run
 mkdir -p "$W"
 python3 bench/gpu/sleep_swap.py "$1" --out "$W" "${@:2}"
