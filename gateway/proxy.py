@@ -88,12 +88,15 @@ class Proxy:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         flight = Flight()
+        entry = self.metrics.activity.begin()
         try:
             await self._serve(scope, receive, send, flight)
         except Exception:
             # A bug, not a client or upstream failure: log the trace, show the client only the envelope.
             log.exception("unexpected error relaying %s", scope.get("path"))
             await self._fail_internal(send, flight, UNKNOWN_MODEL)
+        finally:
+            self.metrics.activity.end(entry)
 
     async def _serve(self, scope: Scope, receive: Receive, send: Send, flight: Flight) -> None:
         t0 = time.perf_counter()
