@@ -69,11 +69,14 @@ class Fleet:
 
 
 def start_fleet(tmp: Path, instances: list[dict[str, Any]], env: dict[str, str] | None = None,
-                **supervisor: Any) -> Fleet:
-    """`python -m fleet_supervisor` in its own session, the real gateway (default command), keys on."""
+                real_vllm: bool = False, **supervisor: Any) -> Fleet:
+    """`python -m fleet_supervisor` in its own session, the real gateway (default command), keys on;
+    the instances run the fake vLLM unless ``real_vllm``."""
     metrics = free_port()
     doc = fleet_doc(tmp, instances, metrics_port=metrics, **supervisor)
     del doc["gateway_command"]  # the default: python -m gateway -c {config}
+    if real_vllm:
+        del doc["vllm_command"]  # the default: python -m vllm.entrypoints.openai.api_server
     path = tmp / "fleet.yaml"
     path.write_text(yaml.safe_dump(doc))
     reaper = Reaper()
