@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import statistics
@@ -92,10 +93,8 @@ async def _console(s: aiohttp.ClientSession, url: str, stop: asyncio.Event) -> N
         if tick % 2 == 0:
             await (await s.get(url + "/ui/api/activity")).read()
         tick += 1
-        try:
+        with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), 1.0)
-        except TimeoutError:
-            pass
 
 
 async def hot_path(url: str, gw_pid: int, seconds: float, consoles: int) -> dict[str, float]:

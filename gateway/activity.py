@@ -9,7 +9,8 @@ The proxy's call sites already report each request's outcome to GatewayMetrics e
 opener, the stream relay and every error path, the proxy opens an ``Entry`` in a context
 variable for the request's task and those two calls fill it in. The cost on the hot path is one
 ContextVar set, a small object, and a deque append when the request ends (bench: docs/console.md).
-No prompt or answer text is ever kept.
+No prompt or answer text is kept unless the operator turns on ``FLEET_CONSOLE_PROMPTS``: then the
+first ``PROMPT_CHARS`` of each request's last message, shown to admin keys only.
 """
 
 from __future__ import annotations
@@ -23,10 +24,11 @@ RECENT = 200  # requests kept for the Activity table
 BUCKET_S = 10.0
 BUCKETS = 30  # five minutes of ten-second buckets per model
 _SAMPLES = 256  # TTFB samples kept per bucket: enough for a p99, bounded under any load
+PROMPT_CHARS = 200
 
 
 class Entry:
-    __slots__ = ("backend", "model", "start", "status", "ttfb", "wall")
+    __slots__ = ("backend", "model", "prompt", "start", "status", "ttfb", "wall")
 
     def __init__(self) -> None:
         self.wall = time.time()
@@ -35,6 +37,18 @@ class Entry:
         self.backend = ""
         self.status: int | str = 0
         self.ttfb: float | None = None
+        self.prompt: str | None = None
+
+
+def prompt_excerpt(doc: dict[str, Any]) -> str:
+    """The start of the last message (chat) or of the prompt (completions); "" when neither is text."""
+    text: Any = doc.get("prompt")
+    messages = doc.get("messages")
+    if isinstance(messages, list) and messages and isinstance(messages[-1], dict):
+        text = messages[-1].get("content")
+        if isinstance(text, list):  # content parts: the text ones
+            text = " ".join(p.get("text", "") for p in text if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return text[:PROMPT_CHARS] if isinstance(text, str) else ""
 
 
 CURRENT: ContextVar[Entry | None] = ContextVar("fleet_request", default=None)
@@ -87,9 +101,10 @@ class Activity:
 
     # -- reads (the console's JSON) ---------------------------------------------------------------
 
-    def requests(self, limit: int = RECENT) -> list[dict[str, Any]]:
+    def requests(self, limit: int = RECENT, prompts: bool = False) -> list[dict[str, Any]]:
         return [{"time": round(e.wall, 3), "model": e.model, "backend": e.backend, "status": e.status,
-                 "latency_s": round(lat, 4), "ttfb_s": None if e.ttfb is None else round(e.ttfb, 4)}
+                 "latency_s": round(lat, 4), "ttfb_s": None if e.ttfb is None else round(e.ttfb, 4),
+                 **({"prompt": e.prompt} if prompts else {})}
                 for e, lat in list(self.recent)[-limit:][::-1]]
 
     def series(self, now: float | None = None) -> dict[str, dict[str, Any]]:

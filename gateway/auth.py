@@ -49,6 +49,9 @@ class KeyCheck:
     def enabled(self) -> bool:
         return bool(self.keys)
 
+    def is_admin(self, scope: Scope) -> bool:
+        return bool(self.admin_keys) and _match(bearer(scope), self.admin_keys)
+
     def allows(self, scope: Scope) -> bool:
         """Decided on ``scope["path"]``, the same path the router dispatches on."""
         path = scope["path"]

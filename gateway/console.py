@@ -20,7 +20,7 @@ from importlib import resources
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
-from fastapi import FastAPI, Response
+from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 
 from fleetspec.infernet import BackendSpec, render_infernet
@@ -149,9 +149,13 @@ class Console:
         async def state() -> dict[str, Any]:
             return await self.state()
 
-        @api.get(UI_PREFIX + "/api/activity", summary="Console: the last requests (no prompt text)")
-        async def activity(limit: int = 100) -> dict[str, Any]:
-            return {"requests": self.gw.metrics.activity.requests(max(1, min(limit, 200)))}
+        @api.get(UI_PREFIX + "/api/activity",
+                 summary="Console: the last requests (prompt excerpts: FLEET_CONSOLE_PROMPTS and an admin key)")
+        async def activity(request: Request, limit: int = 100) -> dict[str, Any]:
+            gw = self.gw
+            prompts = gw.settings.console_prompts and gw.auth.is_admin(request.scope)
+            return {"prompts": prompts,
+                    "requests": gw.metrics.activity.requests(max(1, min(limit, 200)), prompts)}
 
         @api.get("/admin/logs", response_model=None,
                  summary="Console: recent log lines of every instance and the supervisor (admin key)")

@@ -91,16 +91,29 @@
     });
   }
 
-  function spark(values, label) {
-    const w = 150, h = 28, max = Math.max(...values.map((v) => v || 0), 1e-9);
-    const svg = document.createElementNS("http://www.w3.org/2000/svg", "svg");
+  // A small line chart: one polyline per series (same scale), a dot on each series' last value so
+  // that a single sample still shows. Series: [[values, cssClass], ...]; null values are gaps.
+  function spark(series, label) {
+    const w = 150, h = 28, ns = "http://www.w3.org/2000/svg";
+    const max = Math.max(1e-9, ...series.flatMap(([vals]) => vals.map((v) => v || 0)));
+    const svg = document.createElementNS(ns, "svg");
     svg.setAttribute("viewBox", `0 0 ${w} ${h}`);
     svg.setAttribute("class", "spark");
-    const pts = values.map((v, i) => v == null ? null : `${(i * w / Math.max(values.length - 1, 1)).toFixed(1)},${(h - 2 - (v / max) * (h - 4)).toFixed(1)}`);
-    const line = document.createElementNS(svg.namespaceURI, "polyline");
-    line.setAttribute("points", pts.filter(Boolean).join(" "));
-    svg.append(line);
-    const t = document.createElementNS(svg.namespaceURI, "title");
+    for (const [vals, cls] of series) {
+      const xy = vals.map((v, i) => v == null ? null : [i * (w - 3) / Math.max(vals.length - 1, 1) + 1.5, h - 2 - (v / max) * (h - 4)]);
+      const line = document.createElementNS(ns, "polyline");
+      line.setAttribute("points", xy.filter(Boolean).map(([x, y]) => x.toFixed(1) + "," + y.toFixed(1)).join(" "));
+      line.setAttribute("class", cls);
+      svg.append(line);
+      const last = xy.filter(Boolean).pop();
+      if (last) {
+        const dot = document.createElementNS(ns, "circle");
+        dot.setAttribute("cx", last[0].toFixed(1)); dot.setAttribute("cy", last[1].toFixed(1)); dot.setAttribute("r", "1.5");
+        dot.setAttribute("class", cls);
+        svg.append(dot);
+      }
+    }
+    const t = document.createElementNS(ns, "title");
     t.textContent = label;
     svg.append(t);
     return svg;
@@ -109,14 +122,15 @@
   function modelRows(st) {
     return st.models.map((m) => {
       const s = st.series[m.model];
-      const rate = s ? s.req_per_s : [], p50 = s ? s.ttfb_p50_s : [], p99 = s ? s.ttfb_p99_s : [];
+      const rate = s ? s.req_per_s : [0, 0], p50 = s ? s.ttfb_p50_s : [], p99 = s ? s.ttfb_p99_s : [];
       const lastOf = (a) => { for (let i = a.length - 1; i >= 0; i--) if (a[i] != null) return a[i]; return null; };
       return el("tr", { data: { model: m.model } },
         el("td", { class: "name" }, m.model),
         el("td", {}, m.healthy + " / " + m.replicas),
         el("td", {}, m.in_flight),
-        el("td", {}, spark(rate, "req/s"), " ", (rate.length ? rate[rate.length - 1] : 0).toFixed(1)),
-        el("td", {}, spark(p99, "TTFB p99"), " ", ms(lastOf(p50)) + " / " + ms(lastOf(p99))));
+        el("td", {}, spark([[rate, "a"]], "req/s, 10 s buckets"), " ", rate[rate.length - 1].toFixed(1)),
+        el("td", {}, spark([[p99, "b"], [p50, "a"]], "TTFB p50 (blue) and p99 (orange), 10 s buckets"), " ",
+          ms(lastOf(p50)) + " / " + ms(lastOf(p99))));
     });
   }
 
@@ -159,10 +173,12 @@
   // -- Activity and logs ------------------------------------------------------------------------
 
   function renderActivity(body) {
+    $("prompthead").hidden = !body.prompts;
     $("requests").tBodies[0].replaceChildren(...body.requests.map((r) => el("tr", {},
       el("td", {}, new Date(r.time * 1000).toLocaleTimeString()), el("td", {}, r.model), el("td", {}, r.backend),
       el("td", { class: typeof r.status === "number" && r.status < 400 ? "ok" : "bad" }, String(r.status)),
-      el("td", {}, ms(r.latency_s)), el("td", {}, ms(r.ttfb_s)))));
+      el("td", {}, ms(r.latency_s)), el("td", {}, ms(r.ttfb_s)),
+      ...(body.prompts ? [el("td", { class: "prompt" }, r.prompt || "")] : []))));
   }
 
   function logMatches(line) {
@@ -256,7 +272,8 @@
     $("source").addEventListener("change", refilter);
     $("chat").addEventListener("submit", chat);
     loop(async () => { render(await getJSON("/ui/api/state")); if (!/refused|copied|asked/.test($("banner").textContent)) banner(""); }, STATE_MS);
-    loop(async () => { if (tab === "activity") renderActivity(await getJSON("/ui/api/activity")); }, ACTIVITY_MS);
+    // With the admin key, so that prompt excerpts show where the operator turned them on.
+    loop(async () => { if (tab === "activity") renderActivity(await getJSON("/ui/api/activity", !!keys.admin)); }, ACTIVITY_MS);
     loop(async () => {
       if (tab !== "logs") return;
       if (!keys.admin) { $("lognote").textContent = "logs need the admin key"; return; }

@@ -29,6 +29,8 @@ from tests.supervisor.conftest import REPO, Reaper, fleet_doc, free_port, wait_u
 CLIENT_KEY = "client-key-for-tests"
 ADMIN_KEY = "admin-key-for-tests"
 XSS = "<img src=x onerror=alert(1)>"
+# PATH with the stand-in nvidia-smi first: the supervisor then finds two GPUs (tests/fakes/bin).
+FAKE_GPUS_PATH = f"{REPO / 'tests' / 'fakes' / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"
 ARTIFACTS = Path(os.environ.get("FLEET_TEST_ARTIFACTS", REPO / "build" / "console-artifacts"))
 
 

@@ -15,7 +15,16 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.console.conftest import ADMIN_KEY, CLIENT_KEY, XSS, Fleet, open_page, start_fleet, stop_fleet
+from tests.console.conftest import (
+    ADMIN_KEY,
+    CLIENT_KEY,
+    FAKE_GPUS_PATH,
+    XSS,
+    Fleet,
+    open_page,
+    start_fleet,
+    stop_fleet,
+)
 from tests.supervisor.conftest import wait_until
 
 pytestmark = pytest.mark.timeout(120)
@@ -24,11 +33,14 @@ pytestmark = pytest.mark.timeout(120)
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     tmp = tmp_path_factory.mktemp("console")
+    # Two GPUs from a stand-in nvidia-smi (tests/fakes/bin); alpha is placed on GPU 0 as a CUDA
+    # instance would be (the fake vLLM ignores the CUDA flags).
     f = start_fleet(tmp, [
-        {"name": "alpha", "model": "m-alpha", "served_model_names": ["alpha-chat", XSS]},
+        {"name": "alpha", "model": "m-alpha", "served_model_names": ["alpha-chat", XSS], "device": "cuda",
+         "gpus": [0]},
         # Slow to start, so that its restart after a SIGKILL stays visible for a few polls.
         {"name": "beta", "model": "m-beta", "vllm_args": ["--fake-startup-delay", "2.5"]},
-    ])
+    ], env={"PATH": FAKE_GPUS_PATH})
     try:
         f.wait_running()
         yield f
@@ -58,7 +70,12 @@ def test_page_shows_every_instance_and_keeps_names_as_text(browser: Any, fleet: 
     assert page.locator(f"tr[data-model='{XSS}']").count() == 1
     infernet = json.loads(page.locator("#infernet").inner_text())
     assert infernet["served_models"] == ["alpha-chat", XSS, "m-beta"] and infernet["backend"] == "vllm"
-    assert "no GPU found" in page.locator("#gpus").inner_text()
+    gpus = page.locator("#gpus .gpu")
+    assert gpus.count() == 2
+    assert "GPU 0 · NVIDIA H100 80GB HBM3" in gpus.nth(0).inner_text() and ">=48gb" in gpus.nth(0).inner_text()
+    assert "59.8 / 79.6 GiB" in gpus.nth(0).inner_text() and "16-24gb" in gpus.nth(1).inner_text()
+    assert gpus.nth(0).locator("meter").get_attribute("value") == "61234"
+    assert page.locator("tr[data-instance='alpha'] td").nth(7).inner_text() == "0"
     assert "supervisor connected" in page.locator("#sup").inner_text()
 
     page.click("nav button[data-tab='logs']")
