@@ -37,22 +37,33 @@ def demo(tmp_path: Any, tiny_model_dir: str) -> Iterator[Fleet]:
 
 def test_demo_fleet_renders_fast_and_the_playground_streams(browser: Any, demo: Fleet) -> None:
     w = open_page(browser, demo.gateway, admin=ADMIN_KEY)
-    first = rendered(w)
+    renders = [rendered(w)]
     page = w.page
     wait_until(lambda: proc_state(w, "tiny-a") == "RUNNING" and proc_state(w, "tiny-b") == "RUNNING", 10,
                "both real instances shown RUNNING")
     page.click("nav button[data-tab='playground']")
-    page.select_option("#model", "tiny-b")
-    page.fill("#max_tokens", "32")
-    page.click("#send")
-    page.wait_for_selector("#reply[data-done='1']", timeout=60_000)
-    stat = page.locator("#replystat").inner_text()
-    assert page.locator("#reply").inner_text().strip() and "chunks" in stat
-    chunks = int(stat.split(" chunks")[0])
-    assert chunks > 1, f"streamed in {chunks} chunk(s): not a stream"
+    for model in ("tiny-a", "tiny-b"):
+        page.select_option("#model", model)
+        page.fill("#max_tokens", "32")
+        page.evaluate("() => { delete document.getElementById('reply').dataset.done; }")
+        page.click("#send")
+        page.wait_for_selector("#reply[data-done='1']", timeout=60_000)
+        stat = page.locator("#replystat").inner_text()
+        assert page.locator("#reply").inner_text().strip() and "chunks" in stat
+        chunks = int(stat.split(" chunks")[0])
+        assert chunks > 1, f"{model} answered in {chunks} chunk(s): not a stream"
     w.shot("playground-real-vllm")
     page.click("nav button[data-tab='overview']")
+    wait_until(lambda: "/ 1" in page.locator("tr[data-model='tiny-b']").inner_text(), 5, "charts")
     w.shot("overview-real-vllm")
     assert w.errors == [] and w.dialogs == [], (w.errors, w.dialogs)
-    print(f"\nfirst render on the CPU demo fleet: {first:.0f} ms; playground: {stat}")
-    assert first <= 1000, f"first render {first:.0f} ms"
+    w.page.context.close()  # a page left open keeps polling: it would load the ones measured next
+    for _ in range(4):  # fresh pages, one at a time: the figure is the median of five first renders
+        fresh = open_page(browser, demo.gateway)
+        renders.append(rendered(fresh))
+        assert fresh.errors == [], fresh.errors
+        fresh.page.context.close()
+    median = sorted(renders)[len(renders) // 2]
+    print(f"\nfirst render on the CPU demo fleet: median {median:.0f} ms of {[round(r) for r in renders]}; "
+          f"playground (tiny-b): {stat}")
+    assert median <= 300, f"first render median {median:.0f} ms (issue 17: at most 300 ms)"
