@@ -129,6 +129,20 @@ def browser() -> Iterator[Any]:
         pw.stop()
 
 
+_OPEN: list[Any] = []  # browser contexts the running test opened (each polls until closed)
+
+
+@pytest.fixture(autouse=True)
+def _close_pages() -> Iterator[None]:
+    """A page left open keeps polling the next test's fleet: close every one a test opened."""
+    try:
+        yield
+    finally:
+        while _OPEN:
+            with contextlib.suppress(Exception):  # the browser may be gone already
+                _OPEN.pop().close()
+
+
 @dataclass
 class Watched:
     """A page with its console errors, uncaught exceptions and dialogs (alert() would show here)."""
@@ -146,6 +160,7 @@ class Watched:
 def open_page(browser: Any, url: str, key: str | None = CLIENT_KEY, admin: str | None = None) -> Watched:
     # The keys go where the page keeps them (sessionStorage) before it runs, as after typing them.
     ctx = browser.new_context(viewport={"width": 1400, "height": 900})
+    _OPEN.append(ctx)
     script = "".join(f"sessionStorage.setItem('fleet.{k}', {v!r});" for k, v in (("key", key), ("admin", admin)) if v)
     if script:
         ctx.add_init_script(script)

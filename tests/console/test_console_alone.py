@@ -45,7 +45,8 @@ def test_gateway_alone_and_prompts_for_admins_only(browser: Any, alone: Gateway)
     page = w.page
     assert page.locator("#instances tbody tr").count() == 1
     assert page.locator("#instances tbody tr td.proc").inner_text() == "–"  # no process state without a supervisor
-    assert "no supervisor" in page.locator("#gpus").inner_text() and "no supervisor" in page.locator("#sup").inner_text()
+    assert "no supervisor" in page.locator("#gpus").inner_text()
+    assert "no supervisor" in page.locator("#sup").inner_text()
     page.click("nav button[data-tab='activity']")
     page.wait_for_selector("#requests td.prompt", timeout=5000)
     assert page.locator("#requests td.prompt").first.inner_text() == XSS
