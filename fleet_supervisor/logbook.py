@@ -58,10 +58,9 @@ class LogBook(io.TextIOBase):
     def since(self, after: int = 0, source: str | None = None, limit: int = 500) -> dict[str, Any]:
         """Lines numbered above ``after`` (of one source, or all), oldest first, at most ``limit``
         (the newest ones); ``last`` is the cursor for the next call."""
-        rings = [self._rings.get(source, deque())] if source else list(self._rings.values())
-        picked = [(seq, ts, name, text) for name, ring in zip(
-            [source] if source else list(self._rings), rings, strict=True)
-            for seq, ts, text in ring if seq > after]
+        names = [source] if source else list(self._rings)
+        picked = [(seq, ts, name, text) for name in names for seq, ts, text in self._rings.get(name, ())
+                  if seq > after]
         picked.sort()
         picked = picked[-limit:]
         return {"last": self._seq, "sources": self.sources(),

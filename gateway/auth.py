@@ -59,7 +59,7 @@ class KeyCheck:
             return bool(self.admin_keys) and _match(bearer(scope), self.admin_keys)
         if not self.keys or path in self.public:
             return True
-        if self.console and (path == CONSOLE_SHELL or path.startswith(CONSOLE_STATIC)):
+        if self.console and (path.rstrip("/") == CONSOLE_SHELL or path.startswith(CONSOLE_STATIC)):
             return True
         token = bearer(scope)
         return _match(token, self.keys) or (bool(self.admin_keys) and _match(token, self.admin_keys))

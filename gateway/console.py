@@ -59,7 +59,6 @@ class SupervisorReader:
         self._headers = {"Authorization": f"Bearer {token}"}
         self._session: aiohttp.ClientSession | None = None
         self._cache: dict[str, tuple[float, Any]] = {}
-        self._lock = asyncio.Lock()
 
     async def get(self, path: str, params: dict[str, str] | None = None, cache: bool = True) -> Any:
         now = time.monotonic()
