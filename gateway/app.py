@@ -65,7 +65,8 @@ class FleetGateway:
             self.limiter.on_queue = self.link.queued
         self.auth = KeyCheck(settings.keys(), settings.public_models, settings.protect_metrics, settings.admin(),
                              console=settings.console)
-        self.console = Console(self) if settings.console else None
+        self.console = Console(settings, self.backends, self.pool, self.metrics.activity, self.auth,
+                               self.link) if settings.console else None
         self.api = self._build_api()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

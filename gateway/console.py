@@ -17,16 +17,19 @@ from __future__ import annotations
 import asyncio
 import time
 from importlib import resources
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import aiohttp
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 
 from fleetspec.infernet import BackendSpec, render_infernet
-
-if TYPE_CHECKING:
-    from gateway.app import FleetGateway
+from gateway.activity import Activity
+from gateway.auth import KeyCheck
+from gateway.backend import BackendSet
+from gateway.control import SupervisorLink
+from gateway.pool import BackendPool
+from gateway.settings import GatewaySettings
 
 UI_PREFIX = "/ui"
 STATIC_PREFIX = "/ui/static/"
@@ -84,10 +87,14 @@ class SupervisorReader:
 
 
 class Console:
-    def __init__(self, gw: FleetGateway) -> None:
-        self.gw = gw
+    """A reader of the gateway's parts (app.py builds it), never a writer of any."""
+
+    def __init__(self, settings: GatewaySettings, backends: BackendSet, pool: BackendPool, activity: Activity,
+                 auth: KeyCheck, link: SupervisorLink | None) -> None:
+        self.settings, self.backends, self.pool, self.activity, self.auth, self.link = (
+            settings, backends, pool, activity, auth, link)
         self.static = _load_static()
-        s = gw.settings
+        s = settings
         self.reader = (SupervisorReader(s.supervisor_url, s.control_token)
                        if s.supervisor_url and s.control_token else None)
 
@@ -103,11 +110,11 @@ class Console:
         return Response(found[0], media_type=found[1], headers=SECURITY_HEADERS)
 
     async def state(self) -> dict[str, Any]:
-        gw, pool = self.gw, self.gw.pool
-        backends = list(gw.backends)
+        pool, link = self.pool, self.link
+        backends = list(self.backends)
         models = []
         for m in pool.served_models():
-            reps = gw.backends.replicas(m)
+            reps = self.backends.replicas(m)
             models.append({"model": m, "replicas": len(reps), "healthy": sum(b.healthy for b in reps),
                            "in_flight": sum(b.in_flight for b in reps), "backends": [b.name for b in reps]})
         specs = [BackendSpec(b.name, b.url, list(b.models), b.vram_tier, b.max_num_seqs) for b in backends]
@@ -119,10 +126,10 @@ class Console:
         return {
             "time": time.time(), "vram_tier": pool.node_tier().value, "ready": pool.ready(),
             "backends": [b.describe() for b in backends], "models": models,
-            "series": gw.metrics.activity.series(), "infernet": render_infernet(specs, pool.node_tier()),
-            "supervisor": None if gw.link is None else {"connected": gw.link.connected, "instances": instances,
-                                                        "gpus": gpus},
-            "auth": {"keys": gw.auth.enabled, "admin": bool(gw.auth.admin_keys)},
+            "series": self.activity.series(), "infernet": render_infernet(specs, pool.node_tier()),
+            "supervisor": None if link is None else {"connected": link.connected, "instances": instances,
+                                                     "gpus": gpus},
+            "auth": {"keys": self.auth.enabled, "admin": bool(self.auth.admin_keys)},
         }
 
     async def logs(self, after: int, source: str | None) -> Response | dict[str, Any]:
@@ -151,10 +158,8 @@ class Console:
         @api.get(UI_PREFIX + "/api/activity",
                  summary="Console: the last requests (prompt excerpts: FLEET_CONSOLE_PROMPTS and an admin key)")
         async def activity(request: Request, limit: int = 100) -> dict[str, Any]:
-            gw = self.gw
-            prompts = gw.settings.console_prompts and gw.auth.is_admin(request.scope)
-            return {"prompts": prompts,
-                    "requests": gw.metrics.activity.requests(max(1, min(limit, 200)), prompts)}
+            prompts = self.settings.console_prompts and self.auth.is_admin(request.scope)
+            return {"prompts": prompts, "requests": self.activity.requests(max(1, min(limit, 200)), prompts)}
 
         @api.get("/admin/logs", response_model=None,
                  summary="Console: recent log lines of every instance and the supervisor (admin key)")
