@@ -86,8 +86,12 @@ def test_page_shows_every_instance_and_keeps_names_as_text(browser: Any, fleet: 
     page.fill("#filter", "models=")
     visible = page.locator("#loglines .line:not([hidden])")
     assert visible.count() >= 2 and all("models=" in t for t in visible.all_inner_texts())
-    page.select_option("#source", "supervisor")
     w.shot("logs")
+    page.select_option("#source", "supervisor")
+    page.fill("#filter", "")
+    supervisor_lines = page.locator("#loglines .line:not([hidden])").all_inner_texts()
+    assert supervisor_lines and all("supervisor" in t for t in supervisor_lines)
+    assert any("alpha: STARTING -> RUNNING" in t for t in supervisor_lines), supervisor_lines[:5]
     assert page.locator("img").count() == 0
     assert w.dialogs == [] and w.errors == [], (w.dialogs, w.errors)
     page.click("nav button[data-tab='overview']")
