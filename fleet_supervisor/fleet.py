@@ -17,7 +17,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TextIO, cast
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -26,6 +26,7 @@ from fleet_supervisor.command import LaunchSpec, gateway_address, probe_host
 from fleet_supervisor.endpoint import Endpoint
 from fleet_supervisor.hub import ControlHub
 from fleet_supervisor.instance import InstanceSupervisor
+from fleet_supervisor.logbook import LogBook
 from fleet_supervisor.metrics import FleetMetrics
 from fleet_supervisor.plan import Plan, make_plan, write_infernet
 from fleet_supervisor.process import become_subreaper
@@ -44,7 +45,9 @@ _GATEWAY_STARTUP_S = 120.0  # the gateway needs no model; a long deadline would 
 class Fleet:
     def __init__(self, plan: Plan, console: TextIO | None = None) -> None:
         self.plan = plan
-        self.console = console if console is not None else sys.stdout
+        # Every line said here or by a child passes through the log book: the console's /logs.
+        self.logbook = LogBook(console if console is not None else sys.stdout)
+        self.console = cast(TextIO, self.logbook)
         self.stop = asyncio.Event()
         self.instances: list[InstanceSupervisor] = []
         self.gateway: InstanceSupervisor | None = None
@@ -161,7 +164,7 @@ class Fleet:
             return
         keys = tuple((self.gateway.spec.env.get("FLEET_ADMIN_KEYS") or "").split(",")) if self.gateway else ()
         endpoint = Endpoint(self.metrics, self.snapshot, sup.metrics_host, sup.metrics_port, self.hub,
-                            lambda: self.reload().describe(), tuple(k.strip() for k in keys))
+                            lambda: self.reload().describe(), tuple(k.strip() for k in keys), self.logbook)
         try:
             await endpoint.start()
         except OSError as e:  # checked free at startup; lost a race since: run without it

@@ -93,7 +93,9 @@ class InstanceSupervisor:
         out: dict[str, Any] = {
             "name": self.name, "state": self.state.value, "pid": self.pid, "restarts": self.restarts,
             "url": self.url, "since": self.since, "elapsed_s": round(self.elapsed(), 1),
-            "last_exit": self.last_exit, "epoch": self.epoch, "models": self.models}
+            "last_exit": self.last_exit, "epoch": self.epoch, "models": self.models,
+            # The GPU group as launched (the console's per-instance GPUs); [] on CPU.
+            "gpus": [int(g) for g in self.spec.env.get("CUDA_VISIBLE_DEVICES", "").split(",") if g.strip().isdigit()]}
         if self.spec.sleep is not None:
             s = self.spec.sleep
             out["sleep"] = {"mode": s.mode, "level": s.level, "share": s.share, "devices": list(s.devices),

@@ -65,7 +65,7 @@ class SupervisorSection(_Strict):
     progress_interval_s: float = Field(5.0, gt=0, description="`up` prints each loading instance's state and "
                                        "elapsed time this often")
     metrics_host: str = Field("127.0.0.1", description="address of the supervisor's endpoint: /metrics, "
-                              "/instances, /health, /control")
+                              "/instances, /health, /control, and /logs, /gpus for the web console")
     metrics_port: int = Field(9400, ge=0, le=65535, description="port of that endpoint; 0 turns it off (then no "
                               "instance may have a sleep: block)")
 

@@ -21,6 +21,7 @@ from fleetspec.tiers import VramTier
 from gateway import errors
 from gateway.auth import ADMIN_PREFIX, KeyCheck
 from gateway.backend import Backend, BackendSet
+from gateway.console import Console
 from gateway.control import SupervisorLink
 from gateway.ejection import Ejector
 from gateway.health import HealthChecker
@@ -62,7 +63,10 @@ class FleetGateway:
         if settings.supervisor_url and settings.control_token:
             self.link = SupervisorLink(settings.supervisor_url, settings.control_token, self.backends)
             self.limiter.on_queue = self.link.queued
-        self.auth = KeyCheck(settings.keys(), settings.public_models, settings.protect_metrics, settings.admin())
+        self.auth = KeyCheck(settings.keys(), settings.public_models, settings.protect_metrics, settings.admin(),
+                             console=settings.console)
+        self.console = Console(settings, self.backends, self.pool, self.metrics.activity, self.auth,
+                               self.link) if settings.console else None
         self.api = self._build_api()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -135,6 +139,8 @@ class FleetGateway:
             try:
                 yield
             finally:
+                if self.console is not None:
+                    await self.console.stop()
                 if self.link is not None:
                     await self.link.stop()
                 if self.scraper is not None:
@@ -169,6 +175,9 @@ class FleetGateway:
                   summary="Sleep, wake or restart an instance (admin key; needs `vllm-fleet up`'s supervisor)")
         async def admin(name: str, action: str) -> Response | dict[str, Any]:
             return await self._admin(name, action)
+
+        if self.console is not None:
+            self.console.mount(api)
 
         @api.get("/metrics", summary="Prometheus metrics")
         async def metrics() -> Response:

@@ -11,6 +11,9 @@ from starlette.types import Scope
 
 ALWAYS_PUBLIC = frozenset({"/health", "/ready"})
 ADMIN_PREFIX = "/admin/"
+# The console's shell (HTML, JS, CSS) carries no data: public, so the page can ask for a key.
+CONSOLE_SHELL = "/ui"
+CONSOLE_STATIC = "/ui/static/"
 
 
 def _match(token: bytes, keys: tuple[bytes, ...]) -> bool:
@@ -31,8 +34,9 @@ def bearer(scope: Scope) -> bytes:
 
 class KeyCheck:
     def __init__(self, keys: tuple[bytes, ...], public_models: bool, protect_metrics: bool,
-                 admin_keys: tuple[bytes, ...] = ()) -> None:
+                 admin_keys: tuple[bytes, ...] = (), console: bool = False) -> None:
         self.keys = keys
+        self.console = console
         self.admin_keys = admin_keys
         public = set(ALWAYS_PUBLIC)
         if public_models:
@@ -45,12 +49,17 @@ class KeyCheck:
     def enabled(self) -> bool:
         return bool(self.keys)
 
+    def is_admin(self, scope: Scope) -> bool:
+        return bool(self.admin_keys) and _match(bearer(scope), self.admin_keys)
+
     def allows(self, scope: Scope) -> bool:
         """Decided on ``scope["path"]``, the same path the router dispatches on."""
         path = scope["path"]
         if path.startswith(ADMIN_PREFIX):
             return bool(self.admin_keys) and _match(bearer(scope), self.admin_keys)
         if not self.keys or path in self.public:
+            return True
+        if self.console and (path.rstrip("/") == CONSOLE_SHELL or path.startswith(CONSOLE_STATIC)):
             return True
         token = bearer(scope)
         return _match(token, self.keys) or (bool(self.admin_keys) and _match(token, self.admin_keys))

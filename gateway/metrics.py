@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, values
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 
+from gateway.activity import CURRENT, Activity
 from gateway.state import BackendState
 
 if TYPE_CHECKING:
@@ -40,6 +41,8 @@ _SPLICE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2
 class GatewayMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        # The console's recent requests and per-model charts: filled by count() and observe_ttfb().
+        self.activity = Activity()
         r = self.registry
         self.requests = Counter("fleet_requests_total", "Requests answered, by model, backend and status code",
                                 ["model", "backend", "code"], registry=r)
@@ -124,6 +127,9 @@ class GatewayMetrics:
         self.probes.labels(backend, "ok" if ok else "fail").inc()
 
     def count(self, model: str, backend: str, code: int | str) -> None:
+        entry = CURRENT.get()
+        if entry is not None:
+            entry.model, entry.backend, entry.status = model, backend, code
         key = (model, backend, str(code))
         child = self._req.get(key)
         if child is None:
@@ -144,6 +150,9 @@ class GatewayMetrics:
         child.observe(seconds)
 
     def observe_ttfb(self, model: str, seconds: float) -> None:
+        entry = CURRENT.get()
+        if entry is not None:
+            entry.ttfb = seconds
         child = self._ttfb.get(model)
         if child is None:
             child = self._ttfb[model] = self.ttfb.labels(model)

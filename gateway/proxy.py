@@ -34,6 +34,7 @@ from typing import Any
 from starlette.types import Receive, Scope, Send
 
 from gateway import errors
+from gateway.activity import Entry, prompt_excerpt
 from gateway.backend import Backend
 from gateway.ejection import Ejector
 from gateway.inbound import (
@@ -88,14 +89,17 @@ class Proxy:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         flight = Flight()
+        entry = self.metrics.activity.begin()
         try:
-            await self._serve(scope, receive, send, flight)
+            await self._serve(scope, receive, send, flight, entry)
         except Exception:
             # A bug, not a client or upstream failure: log the trace, show the client only the envelope.
             log.exception("unexpected error relaying %s", scope.get("path"))
             await self._fail_internal(send, flight, UNKNOWN_MODEL)
+        finally:
+            self.metrics.activity.end(entry)
 
-    async def _serve(self, scope: Scope, receive: Receive, send: Send, flight: Flight) -> None:
+    async def _serve(self, scope: Scope, receive: Receive, send: Send, flight: Flight, entry: Entry) -> None:
         t0 = time.perf_counter()
         model_label = UNKNOWN_MODEL
         s = self.settings
@@ -104,6 +108,8 @@ class Proxy:
                 raise BadRequest(404, f"no route for POST {scope['path']}", "not_found")
             body = await read_body(scope, receive, s.max_body_bytes)
             model, doc = model_of(body, s.max_tokens_cap, s.max_n_cap)
+            if s.console_prompts:
+                entry.prompt = prompt_excerpt(doc)
             if self.pool.knows(model):
                 model_label = model
                 hint = hint_for(doc, header(scope, self._affinity_header)) if self.pool.affine(model) else None

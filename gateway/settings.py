@@ -25,6 +25,10 @@ class GatewaySettings(BaseSettings):
     public_models: bool = Field(True, description="GET /v1/models needs no key (the Infernet daemon probes it "
                                 "without one)")
     protect_metrics: bool = Field(False, description="require a key for /metrics and /fleet too")
+    console: bool = Field(True, description="serve the web console at /ui (docs/console.md); its data needs a key "
+                          "when keys are set, its logs and controls the admin key")
+    console_prompts: bool = Field(False, description="the console's Activity shows the first 200 characters of each "
+                                  "request's last message (to admin keys only); off: no prompt text is kept")
     upstream_api_key: str | None = Field(None, description="key sent to backends started with vLLM's --api-key")
 
     health_interval_s: float = Field(5.0, gt=0, description="seconds between active /health probes of each backend")
