@@ -66,4 +66,5 @@ def test_demo_fleet_renders_fast_and_the_playground_streams(browser: Any, demo: 
     median = sorted(renders)[len(renders) // 2]
     print(f"\nfirst render on the CPU demo fleet: median {median:.0f} ms of {[round(r) for r in renders]}; "
           f"playground (tiny-b): {stat}")
-    assert median <= 300, f"first render median {median:.0f} ms (issue 17: at most 300 ms)"
+    # Reported, not asserted (no timing assertions in tests): bench/console.py measures it, against
+    # issue 17's 300 ms, on a quiet machine.
