@@ -109,7 +109,9 @@ def stop_fleet(fleet: Fleet) -> None:
     fleet.reaper.reap_adopted()
 
 
-@pytest.fixture(scope="session")
+# Module, not session: a live sync Playwright keeps an event loop running in the main thread, and
+# every later test that calls asyncio.run() would fail ("cannot be called from a running event loop").
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
     exe = chromium_path()
     if exe is None:
