@@ -15,6 +15,7 @@ first ``PROMPT_CHARS`` of each request's last message, shown to admin keys only.
 
 from __future__ import annotations
 
+import re
 import time
 from collections import deque
 from contextvars import ContextVar
@@ -28,7 +29,7 @@ PROMPT_CHARS = 200
 
 
 class Entry:
-    __slots__ = ("backend", "model", "prompt", "start", "status", "ttfb", "wall")
+    __slots__ = ("backend", "model", "prompt", "start", "status", "tokens", "ttfb", "wall")
 
     def __init__(self) -> None:
         self.wall = time.time()
@@ -38,6 +39,24 @@ class Entry:
         self.status: int | str = 0
         self.ttfb: float | None = None
         self.prompt: str | None = None
+        self.tokens: int | None = None  # completion tokens, where the answer says or the stream was counted
+
+
+_COMPLETION_TOKENS = re.compile(rb'"completion_tokens":\s*(\d+)')
+
+
+def completion_tokens(body: bytes) -> int | None:
+    """``usage.completion_tokens`` of a whole (non-streamed) answer, found without parsing the JSON:
+    the body may be large, and a search for one key costs less than a parse on the hot path."""
+    m = _COMPLETION_TOKENS.search(body)
+    return int(m.group(1)) if m else None
+
+
+def record_tokens(n: int | None) -> None:
+    """The current request's completion tokens, for the console's Activity."""
+    entry = CURRENT.get()
+    if entry is not None and n is not None:
+        entry.tokens = n
 
 
 def prompt_excerpt(doc: dict[str, Any]) -> str:
@@ -104,6 +123,7 @@ class Activity:
     def requests(self, limit: int = RECENT, prompts: bool = False) -> list[dict[str, Any]]:
         return [{"time": round(e.wall, 3), "model": e.model, "backend": e.backend, "status": e.status,
                  "latency_s": round(lat, 4), "ttfb_s": None if e.ttfb is None else round(e.ttfb, 4),
+                 "tokens": e.tokens,
                  **({"prompt": e.prompt} if prompts else {})}
                 for e, lat in list(self.recent)[-limit:][::-1]]
 

@@ -59,6 +59,17 @@ class Plan:
         return self.refusal is None
 
 
+def stream_tokens(path: str, body: bytes) -> int | None:
+    """Completion tokens of a whole completion stream that arrived with its head (a short answer),
+    counted as a continuation would count them; None for any other path."""
+    if path not in (CHAT_PATH, COMPLETIONS_PATH):
+        return None
+    t = Transcript(path == CHAT_PATH)
+    t.kept.append(body)
+    t.compact()
+    return t.tokens
+
+
 def plan_for(path: str, doc: dict[str, Any], max_migrations: int) -> Plan | None:
     """None for anything but a streamed chat or text completion (there is nothing to count)."""
     if doc.get("stream") is not True or path not in (CHAT_PATH, COMPLETIONS_PATH):

@@ -34,7 +34,7 @@ from typing import Any
 from starlette.types import Receive, Scope, Send
 
 from gateway import errors
-from gateway.activity import Entry, prompt_excerpt
+from gateway.activity import Entry, completion_tokens, prompt_excerpt, record_tokens
 from gateway.backend import Backend
 from gateway.ejection import Ejector
 from gateway.inbound import (
@@ -50,7 +50,7 @@ from gateway.inbound import (
 )
 from gateway.limiter import Limiter, Rejected
 from gateway.metrics import NO_BACKEND, UNKNOWN_MODEL, GatewayMetrics
-from gateway.migration import plan_for
+from gateway.migration import plan_for, stream_tokens
 from gateway.opener import CLIENT_CLOSED, Opener, OpenFailed, Outbound
 from gateway.pool import BackendPool
 from gateway.routing import Hint, hint_for
@@ -213,7 +213,9 @@ class Proxy:
                 # response's last chunk and terminator go out in one write.
                 first_byte()
                 flight.done = True
-                await send({"type": "http.response.body", "body": conn.take_body(), "more_body": False})
+                whole = conn.take_body()
+                record_tokens(stream_tokens(scope["path"], whole) if flight.sse else completion_tokens(whole))
+                await send({"type": "http.response.body", "body": whole, "more_body": False})
         except BaseException:
             self.opener.release(leg)
             if flight.gone:
@@ -226,7 +228,15 @@ class Proxy:
         # A body still to come: relayed by Stream, which continues a broken completion stream on
         # another replica where it can, and releases every leg it used.
         plan = plan_for(scope["path"], doc, self.settings.max_migrations)
-        ended = await Stream(self.streams, send, out, plan, deadline, tried, first_byte).run(leg)
+        stream = Stream(self.streams, send, out, plan, deadline, tried, first_byte)
+        try:
+            ended = await stream.run(leg)
+        finally:  # also when the client left right after [DONE] and took the task with it
+            if stream.transcript is not None:
+                # Kept for a possible continuation anyway (sse.py); parsing its unparsed tail costs
+                # what every COMPACT_BYTES of a longer stream already does.
+                stream.transcript.compact()
+                record_tokens(stream.transcript.tokens)
         if ended is not None:
             self._answered(model, ended, conn.status, t0)
 

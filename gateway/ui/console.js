@@ -182,6 +182,7 @@
       el("td", {}, clock(r.time)), el("td", {}, r.model), el("td", {}, r.backend),
       el("td", { class: typeof r.status === "number" && r.status < 400 ? "ok" : "bad" }, String(r.status)),
       el("td", {}, ms(r.latency_s)), el("td", {}, ms(r.ttfb_s)),
+      el("td", {}, r.tokens == null ? "–" : String(r.tokens)),
       ...(body.prompts ? [el("td", { class: "prompt" }, r.prompt || "")] : []))));
   }
 

@@ -39,6 +39,13 @@ def test_gateway_alone_and_prompts_for_admins_only(browser: Any, alone: Gateway)
     assert client["prompts"] is False and "prompt" not in client["requests"][0]
     admin = httpx.get(f"{alone.url}/ui/api/activity", headers={"Authorization": f"Bearer {ADMIN_KEY}"}).json()
     assert admin["requests"][0]["prompt"] == XSS
+    # Tokens: from the answer's usage, and for a stream from the gateway's own count of it.
+    streamed = {**body, "stream": True, "max_tokens": 6, "ignore_eos": True}
+    with httpx.stream("POST", f"{alone.url}/v1/chat/completions", json=streamed, headers=alone.auth) as r:
+        assert r.status_code == 200 and "[DONE]" in r.read().decode()
+    rows = httpx.get(f"{alone.url}/ui/api/activity", headers=alone.auth).json()["requests"]
+    assert [row["tokens"] for row in rows[:2]] == [6, admin["requests"][0]["tokens"]], rows
+    assert admin["requests"][0]["tokens"] is not None
 
     w = open_page(browser, alone.url, admin=ADMIN_KEY)
     rendered(w)
