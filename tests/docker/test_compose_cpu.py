@@ -80,18 +80,21 @@ def query(project: Project, promql: str) -> list[dict[str, Any]]:
 def test_prometheus_scrapes_the_gateway_and_the_supervisor(stack: Project) -> None:
     deadline = time.monotonic() + 120
     health: dict[str, str] = {}
+    errors: dict[str, str] = {}
     counted = 0.0
     while time.monotonic() < deadline:
         r = httpx.get(stack.prometheus + "/api/v1/targets", timeout=10)
         if r.status_code == 200:
-            health = {t["labels"]["job"]: t["health"] for t in r.json()["data"]["activeTargets"]}
+            targets = r.json()["data"]["activeTargets"]
+            health = {t["labels"]["job"]: t["health"] for t in targets}
+            errors = {t["scrapeUrl"]: t["lastError"] for t in targets if t["lastError"]}
             found = query(stack, 'sum(fleet_requests_total{model="tiny"})')
             counted = float(found[0]["value"][1]) if found else 0.0
-            if health.get("fleet-gateway") == health.get("fleet-supervisor") == "up" and counted >= 2:
+            if set(health.values()) == {"up"} and len(health) == 3 and counted >= 2:
                 break
         time.sleep(2)
-    assert health.get("fleet-gateway") == "up" and health.get("fleet-supervisor") == "up", health
-    assert health.get("vllm") == "up", health
+    # The gateway, the supervisor and vLLM itself (fleet-cpu:8001, inside the compose network).
+    assert health == {"fleet-gateway": "up", "fleet-supervisor": "up", "vllm": "up"}, errors
     assert counted >= 2  # the two chats of the test before (more if it ran again)
     assert query(stack, 'fleet_instance_state{instance="tiny",state="running"}')
 
