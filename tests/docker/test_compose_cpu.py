@@ -96,7 +96,7 @@ def test_prometheus_scrapes_the_gateway_and_the_supervisor(stack: Project) -> No
     # The gateway, the supervisor and vLLM itself (fleet-cpu:8001, inside the compose network).
     assert health == {"fleet-gateway": "up", "fleet-supervisor": "up", "vllm": "up"}, errors
     assert counted >= 2  # the two chats of the test before (more if it ran again)
-    assert query(stack, 'fleet_instance_state{instance="tiny",state="running"}')
+    assert query(stack, 'fleet_instance_state{instance="tiny",state="RUNNING"} == 1')
 
 
 def test_a_crashed_fleet_container_is_restarted_and_serves_again(stack: Project) -> None:
