@@ -71,10 +71,11 @@ COPY fleetspec ./fleetspec
 COPY fleet_planner ./fleet_planner
 COPY vllm_fleet ./vllm_fleet
 # The package's own dependencies are light (FastAPI, uvicorn, aiohttp, ...); no vLLM, no torch.
-# A venv (Debian-based Pythons refuse system-wide installs) without pip or setuptools of its own,
-# filled by the base image's pip: 10 MB less. The sources go too: the installed package is enough.
-RUN python3 -m venv --without-pip /opt/venv \
- && python3 -m pip --python /opt/venv/bin/python install . \
+# A venv (Debian-based Pythons refuse system-wide installs) that keeps no pip or setuptools of its
+# own once the package is in: 20 MB less. The sources go too: the installed package is enough.
+RUN python3 -m venv /opt/venv \
+ && pip install . \
+ && pip uninstall -y pip setuptools \
  && rm -rf /opt/vllm-fleet/src \
  && vllm-fleet --help > /dev/null \
  && groupadd --system --gid 10001 fleet \
