@@ -82,6 +82,7 @@ def test_prometheus_scrapes_the_gateway_and_the_supervisor(stack: Project) -> No
     health: dict[str, str] = {}
     errors: dict[str, str] = {}
     counted = 0.0
+    running: list[dict[str, Any]] = []
     while time.monotonic() < deadline:
         r = httpx.get(stack.prometheus + "/api/v1/targets", timeout=10)
         if r.status_code == 200:
@@ -90,13 +91,14 @@ def test_prometheus_scrapes_the_gateway_and_the_supervisor(stack: Project) -> No
             errors = {t["scrapeUrl"]: t["lastError"] for t in targets if t["lastError"]}
             found = query(stack, 'sum(fleet_requests_total{model="tiny"})')
             counted = float(found[0]["value"][1]) if found else 0.0
-            if set(health.values()) == {"up"} and len(health) == 3 and counted >= 2:
+            running = query(stack, 'fleet_instance_state{instance="tiny",state="RUNNING"} == 1')
+            if set(health.values()) == {"up"} and len(health) == 3 and counted >= 2 and running:
                 break
         time.sleep(2)
     # The gateway, the supervisor and vLLM itself (fleet-cpu:8001, inside the compose network).
     assert health == {"fleet-gateway": "up", "fleet-supervisor": "up", "vllm": "up"}, errors
     assert counted >= 2  # the two chats of the test before (more if it ran again)
-    assert query(stack, 'fleet_instance_state{instance="tiny",state="RUNNING"} == 1')
+    assert running, "the supervisor's fleet_instance_state does not show the instance RUNNING"
 
 
 def test_a_crashed_fleet_container_is_restarted_and_serves_again(stack: Project) -> None:
