@@ -31,6 +31,7 @@ REPO = Path(__file__).resolve().parents[2]
 DATA_ROOT = Path(os.environ.get("FLEET_TEST_DOCKER_ROOT", "/var/lib/fleet-test-docker"))
 APT_PACKAGES = ("docker.io", "docker-compose", "debootstrap")
 PATH = "/usr/bin:/usr/sbin:/bin:/sbin"
+WHEEL_PORT = 38765
 
 
 def missing_reason() -> str | None:
@@ -123,7 +124,12 @@ def wheel_server(directory: Path) -> Iterator[str]:
     """Serve a wheel directory on loopback for ``pip --find-links`` inside ``docker build
     --network host`` (torch's CPU wheel is a local file here, not on the index)."""
     handler = functools.partial(_QuietHandler, directory=str(directory))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    try:
+        # A fixed port where free: the URL is a build argument, and a new value would invalidate
+        # the build cache of the engine layer (a warm build would reinstall vLLM: 80 s instead of 5).
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", WHEEL_PORT), handler)
+    except OSError:
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
