@@ -42,7 +42,7 @@ RUN py="$(command -v python3)" \
 # vLLM runs fine unprivileged: it needs the GPUs (device nodes the NVIDIA runtime makes
 # world-accessible), /dev/shm, and writable caches, which all live under the user's home.
 RUN groupadd --system --gid 10001 fleet \
- && useradd --system --uid 10001 --gid fleet --create-home --home-dir /home/fleet --shell /usr/sbin/nologin fleet \
+ && useradd --system --no-log-init --uid 10001 --gid fleet --create-home --home-dir /home/fleet --shell /usr/sbin/nologin fleet \
  && mkdir -p /home/fleet/.cache/huggingface /var/lib/vllm-fleet /etc/vllm-fleet \
  && chown -R fleet:fleet /home/fleet /var/lib/vllm-fleet
 # logs/ and .fleet/infernet.json are written relative to the working directory.
@@ -73,13 +73,14 @@ COPY vllm_fleet ./vllm_fleet
 # The package's own dependencies are light (FastAPI, uvicorn, aiohttp, ...); no vLLM, no torch.
 # A venv (Debian-based Pythons refuse system-wide installs) that keeps no pip or setuptools of its
 # own once the package is in: 20 MB less. The sources go too: the installed package is enough.
+# --no-log-init: useradd would write a sparse /var/log/lastlog sized by the uid, 3 MB in a layer.
 RUN python3 -m venv /opt/venv \
  && pip install . \
  && pip uninstall -y pip setuptools \
  && rm -rf /opt/vllm-fleet/src \
  && vllm-fleet --help > /dev/null \
  && groupadd --system --gid 10001 fleet \
- && useradd --system --uid 10001 --gid fleet --no-create-home --shell /usr/sbin/nologin fleet \
+ && useradd --system --no-log-init --uid 10001 --gid fleet --no-create-home --shell /usr/sbin/nologin fleet \
  && mkdir -p /etc/vllm-fleet
 WORKDIR /tmp
 USER 10001:10001
@@ -144,7 +145,7 @@ RUN touch README.md \
  && vllm-fleet make-tiny-model /opt/tiny-model \
  && vllm-fleet --help > /dev/null \
  && groupadd --system --gid 10001 fleet \
- && useradd --system --uid 10001 --gid fleet --create-home --home-dir /home/fleet --shell /usr/sbin/nologin fleet \
+ && useradd --system --no-log-init --uid 10001 --gid fleet --create-home --home-dir /home/fleet --shell /usr/sbin/nologin fleet \
  && mkdir -p /etc/vllm-fleet /var/lib/vllm-fleet \
  && chown -R fleet:fleet /var/lib/vllm-fleet
 COPY deploy/compose/fleet-cpu.yaml /etc/vllm-fleet/fleet.yaml
