@@ -34,8 +34,9 @@ def with_fakes(path: Path) -> Path:
     for svc in services.values():
         if str(svc.get("image", "")).startswith("vllm/vllm-openai"):
             svc.pop("deploy")  # the GPU reservation: no GPUs here
+            # init: the fake as PID 1 would ignore SIGTERM (no handler), and `down` would wait 20 s.
             svc.update(image=GATEWAY_IMAGE, entrypoint=["python3", "/fakes/fake_vllm.py"], user="10001",
-                       volumes=[f"{REPO / 'tests' / 'fakes'}:/fakes:ro"])
+                       volumes=[f"{REPO / 'tests' / 'fakes'}:/fakes:ro"], init=True)
     path.write_text(yaml.safe_dump({"services": services}))
     return path
 
