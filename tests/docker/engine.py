@@ -49,6 +49,7 @@ class Engine:
     pid: int
     host: str  # DOCKER_HOST
     env: dict[str, str]
+    exec_root: Path | None = None  # removed once dockerd has stopped
 
     def run(self, *args: str, timeout: float = 600, check: bool = True) -> subprocess.CompletedProcess[str]:
         done = subprocess.run(list(args), env=self.env, cwd=REPO, capture_output=True, text=True, timeout=timeout)
@@ -89,7 +90,7 @@ def start_engine(run_dir: Path) -> Engine:
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env={"PATH": PATH})
     env = {"PATH": PATH, "HOME": os.environ.get("HOME", "/root"), "DOCKER_HOST": f"unix://{sock}",
            "DOCKER_BUILDKIT": "1", "COMPOSE_DOCKER_CLI_BUILD": "1"}
-    engine = Engine(proc.pid, env["DOCKER_HOST"], env)
+    engine = Engine(proc.pid, env["DOCKER_HOST"], env, exec_root)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -101,7 +102,7 @@ def start_engine(run_dir: Path) -> Engine:
     raise AssertionError(f"dockerd did not come up; see {run_dir / 'dockerd.log'}")
 
 
-def stop_engine(engine: Engine, grace: float = 60) -> None:
+def _stop(engine: Engine, grace: float) -> None:
     """SIGTERM dockerd (it stops its containers first), wait, then SIGKILL: by PID only."""
     with contextlib.suppress(ProcessLookupError):
         os.kill(engine.pid, signal.SIGTERM)
@@ -117,6 +118,13 @@ def stop_engine(engine: Engine, grace: float = 60) -> None:
         os.kill(engine.pid, signal.SIGKILL)
     with contextlib.suppress(ChildProcessError):
         os.waitpid(engine.pid, 0)
+
+
+def stop_engine(engine: Engine, grace: float = 60) -> None:
+    """Stop dockerd (below), then remove its exec-root, which it leaves behind in /run."""
+    _stop(engine, grace)
+    if engine.exec_root is not None:
+        shutil.rmtree(engine.exec_root, ignore_errors=True)
 
 
 @contextlib.contextmanager
