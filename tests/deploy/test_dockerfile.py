@@ -42,7 +42,11 @@ def entrypoint(stage: str) -> list[str]:
 
 def test_targets() -> None:
     s = stages()
-    assert set(s) == {"fleet", "gateway"}
+    assert set(s) == {"fleet", "gateway", "fleet-cpu", "cpu-requirements"}
+    s.pop("cpu-requirements")  # a build step, not an image
+    assert entrypoint(s["fleet-cpu"]) == entrypoint(s["fleet"])
+    # The CPU build of vLLM links libnuma; no `# syntax=` line (BuildKit would pull a frontend).
+    assert "libnuma1" in s["fleet-cpu"] and not DOCKERFILE.read_text().startswith("# syntax")
     assert entrypoint(s["fleet"]) == ["vllm-fleet", "up", "-c", "/etc/vllm-fleet/fleet.yaml"]
     assert entrypoint(s["gateway"]) == ["vllm-fleet", "gateway", "-c", "/etc/vllm-fleet/config.json"]
     for name, text in s.items():
@@ -53,7 +57,7 @@ def test_targets() -> None:
     # The fleet image adds vllm-fleet to vLLM's environment without changing any of vLLM's packages.
     assert "--constraint" in s["fleet"]
     # The gateway image is the package alone: no engine extra.
-    assert "pip install . " in s["gateway"] and "[gpu]" not in s["gateway"] and "[cpu]" not in s["gateway"]
+    assert re.search(r"pip .*install \. ", s["gateway"]) and "[gpu]" not in s["gateway"] and "[cpu]" not in s["gateway"]
     assert re.search(r"^ARG PYTHON_IMAGE=python:3\.11-slim", DOCKERFILE.read_text(), re.M)
 
 
