@@ -34,6 +34,7 @@ from gateway.pool import BackendPool
 from gateway.proxy import Proxy
 from gateway.routing import Router
 from gateway.settings import GatewaySettings
+from gateway.shared import SharedCounts
 
 PROXIED = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
 
@@ -46,7 +47,8 @@ def _envelope(status: int, message: str, type_: str, code: str | int | None,
 class FleetGateway:
     """The ASGI callable uvicorn serves."""
 
-    def __init__(self, settings: GatewaySettings, backends: list[BackendSpec], node_tier: VramTier | None) -> None:
+    def __init__(self, settings: GatewaySettings, backends: list[BackendSpec], node_tier: VramTier | None,
+                 shared: SharedCounts | None = None) -> None:
         self.settings = settings
         self.metrics = GatewayMetrics()
         # The composition root: the backend set first, then its subscribers (docs/architecture.md §2).
@@ -55,7 +57,7 @@ class FleetGateway:
         self.pool = BackendPool(self.backends, node_tier, self._router_for, self.metrics.decision)
         self.scraper = LoadScraper(self.backends, settings.load_scrape_interval_s, settings.health_timeout_s,
                                    settings.upstream_api_key) if settings.scrapes_load else None
-        self.limiter = Limiter(self.pool, settings, self.metrics)
+        self.limiter = Limiter(self.pool, settings, self.metrics, shared)
         self.health = HealthChecker(self.backends, settings, self.metrics.count_probe)
         self.proxy = Proxy(self.pool, settings, self.metrics, self.limiter,
                            Ejector(self.backends, settings, self.metrics))
@@ -147,6 +149,8 @@ class FleetGateway:
                     await self.scraper.stop()
                 await self.health.stop()
                 await self.proxy.stop()
+                if self.limiter.shared is not None:
+                    self.limiter.shared.close()  # this worker's counts leave the others' sums
 
         api = FastAPI(title="vllm-fleet gateway", version="0.1.0", lifespan=lifespan)
         pool = self.pool

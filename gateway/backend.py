@@ -47,6 +47,7 @@ class Backend:
     wakes: bool = False  # draining to sleep (not to go away): requests for it wait instead of failing
     last_request: float = 0.0  # wall clock of the last request routed here (idle time, LRU)
     max_num_seqs: int | None = None  # its vLLM's --max-num-seqs, when the config says (limiter.py)
+    shared_column: int = -1  # its column in the workers' shared counts; -1 not asked yet, 0 none (shared.py)
     _set: BackendSet | None = field(default=None, repr=False)
 
     @classmethod

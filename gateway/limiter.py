@@ -11,6 +11,11 @@ included) answers 429 before any of that. A client that disconnects while queued
 the proxy's watcher, which takes it out of the queue here.
 
 Per request without queueing this costs one pick, two integer updates and a check of ``waiting``.
+
+With several workers the counts that the limits compare are the whole gateway's (shared.py): a
+worker writes its own counts to the shared table and compares each limit with the sum over the
+workers. A slot freed in another worker is not announced, so while this worker has waiters it
+looks again every ``SHARED_POLL_S``.
 """
 
 from __future__ import annotations
@@ -26,11 +31,13 @@ from gateway.metrics import GatewayMetrics
 from gateway.pool import BackendPool
 from gateway.routing import Hint
 from gateway.settings import GatewaySettings
+from gateway.shared import GATEWAY, SharedCounts
 from gateway.state import BackendState
 
 QUEUE_FULL = "queue_full"
 QUEUE_TIMEOUT = "queue_timeout"
 MAX_IN_FLIGHT = "max_in_flight"
+SHARED_POLL_S = 0.005
 
 
 class Rejected(Exception):
@@ -52,8 +59,11 @@ class _Waiter:
 
 
 class Limiter:
-    def __init__(self, pool: BackendPool, settings: GatewaySettings, metrics: GatewayMetrics) -> None:
+    def __init__(self, pool: BackendPool, settings: GatewaySettings, metrics: GatewayMetrics,
+                 shared: SharedCounts | None = None) -> None:
         self.pool = pool
+        self.shared = shared
+        self._poller: asyncio.Task[None] | None = None
         self.metrics = metrics
         self._fixed = settings.backend_max_concurrency  # None: each backend's own max_num_seqs
         self._workers = settings.workers
@@ -72,22 +82,50 @@ class Limiter:
 
     def limit(self, b: Backend) -> int:
         """Requests ``b`` takes at once (0: no limit): the setting, else its vLLM's --max-num-seqs
-        (shared among gateway workers), else none. vLLM runs that many and queues the rest itself;
-        a lower cap here only moves its queue into the gateway and shrinks its batches (a cap of
-        256 in front of vLLM's 1,024 added 29 % TTFT at 512 concurrent on H200, issue 21)."""
-        if self._fixed is not None:
-            return self._fixed
-        if b.max_num_seqs is None:
+        else none. vLLM runs that many and queues the rest itself; a lower cap here only moves its
+        queue into the gateway and shrinks its batches (a cap of 256 in front of vLLM's 1,024 added
+        29 % TTFT at 512 concurrent on H200, issue 21). The limit is the whole gateway's, compared
+        with the count over every worker; only a backend the shared table has no column for
+        (more than 1,023 names) gets 1/N of it per worker."""
+        total = self._fixed if self._fixed is not None else b.max_num_seqs
+        if not total:
             return 0
-        return -(-b.max_num_seqs // self._workers)
+        if self._workers > 1 and self._column(b) is None:
+            return -(-total // self._workers)
+        return total
+
+    def _column(self, b: Backend) -> int | None:
+        if self.shared is None:
+            return None
+        if b.shared_column < 0:
+            col = self.shared.column(b.name)
+            b.shared_column = 0 if col is None else col
+        return b.shared_column or None
+
+    def count(self, b: Backend) -> int:
+        """Requests open to ``b`` from the whole gateway."""
+        col = self._column(b)
+        return b.in_flight if col is None or self.shared is None else self.shared.total(col)
+
+    def has_room(self, b: Backend) -> bool:
+        limit = self.limit(b)
+        return not limit or self.count(b) < limit
+
+    def total_in_flight(self) -> int:
+        return self.in_flight if self.shared is None else self.shared.total(GATEWAY)
 
     def enter(self) -> None:
-        if self.in_flight >= self.max_in_flight:
-            raise Rejected(MAX_IN_FLIGHT, f"the gateway has {self.in_flight} requests in flight, its limit")
+        n = self.total_in_flight()
+        if n >= self.max_in_flight:
+            raise Rejected(MAX_IN_FLIGHT, f"the gateway has {n} requests in flight, its limit")
         self.in_flight += 1
+        if self.shared is not None:
+            self.shared.set(GATEWAY, self.in_flight)
 
     def leave(self) -> None:
         self.in_flight -= 1
+        if self.shared is not None:
+            self.shared.set(GATEWAY, self.in_flight)
 
     async def acquire(self, model: str, exclude: Sequence[Backend], deadline: float,
                       hint: Hint | None = None) -> Backend | None:
@@ -100,9 +138,9 @@ class Limiter:
             if self.on_queue is not None and self.pool.backends.servable(model):
                 return await self._wait(model, exclude, deadline, waking=True)  # asleep: wait for the wake
             return None
-        if b.in_flight >= self.limit(b) > 0:
+        if not self.has_room(b):
             # A policy other than least-in-flight may choose a full replica while another has room.
-            b = self.pool.least_busy(model, exclude, self.limit)
+            b = self.pool.least_busy(model, exclude, self.has_room)
             if b is None:
                 return await self._wait(model, exclude, deadline)
         self._take(b)
@@ -110,6 +148,7 @@ class Limiter:
 
     def release(self, b: Backend) -> None:
         b.in_flight -= 1
+        self._publish(b)
         self.metrics.backend_in_flight(b.name).dec()
         if self.waiting:
             self._handoff(b)
@@ -122,7 +161,13 @@ class Limiter:
     def _take(self, b: Backend) -> None:
         b.last_request = time.time()  # idle time and least-recently-used, for the swap policy
         b.in_flight += 1
+        self._publish(b)
         self.metrics.backend_in_flight(b.name).inc()
+
+    def _publish(self, b: Backend) -> None:
+        col = self._column(b)
+        if col is not None and self.shared is not None:
+            self.shared.set(col, b.in_flight)
 
     async def _wait(self, model: str, exclude: Sequence[Backend], deadline: float,
                     waking: bool = False) -> Backend | None:
@@ -138,6 +183,8 @@ class Limiter:
         q.append(w)
         self.waiting += 1
         self._depth(model, q)
+        if self.shared is not None and self._poller is None:
+            self._poller = asyncio.create_task(self._poll_others())
         try:
             try:
                 limit = self.wake_timeout_s if waking else self.queue_timeout_s
@@ -161,8 +208,19 @@ class Limiter:
                 self.waiting -= 1
                 self._depth(model, q)
 
+    async def _poll_others(self) -> None:
+        """While this worker has waiters: hand them slots that other workers freed."""
+        try:
+            while self.waiting:
+                await asyncio.sleep(SHARED_POLL_S)
+                for b in self.pool.backends:
+                    if self.waiting and b.healthy:
+                        self._handoff(b)
+        finally:
+            self._poller = None
+
     def _handoff(self, b: Backend) -> None:
-        while b.healthy and (not self.limit(b) or b.in_flight < self.limit(b)):
+        while b.healthy and self.has_room(b):
             found = self._oldest_for(b)
             if found is None:
                 return

@@ -91,10 +91,10 @@ class BackendPool:
         usable = [b for b in self.backends.replicas(model) if b.healthy and b not in exclude]
         return min(usable, key=lambda b: b.in_flight) if usable else None
 
-    def least_busy(self, model: str, exclude: Iterable[Backend], limit: Callable[[Backend], int]) -> Backend | None:
-        """The replica in rotation with the fewest in-flight requests, if it is under its ``limit`` (0: none)."""
-        free = [b for b in self.backends.replicas(model)
-                if b.healthy and b not in exclude and (b.in_flight < limit(b) or not limit(b))]
+    def least_busy(self, model: str, exclude: Iterable[Backend],
+                   has_room: Callable[[Backend], bool]) -> Backend | None:
+        """The replica in rotation with the fewest in-flight requests among those with room."""
+        free = [b for b in self.backends.replicas(model) if b.healthy and b not in exclude and has_room(b)]
         return min(free, key=lambda b: b.in_flight) if free else None
 
     def node_tier(self) -> VramTier:

@@ -1,16 +1,17 @@
-"""Several gateway processes on one port (``FLEET_WORKERS`` / ``--workers N``), sharing no state.
+"""Several gateway processes on one port (``FLEET_WORKERS`` / ``--workers N``).
 
 uvicorn's supervisor binds the socket once and spawns N workers that accept on it; it restarts a
 worker that dies and stops them all on SIGTERM. A spawned worker cannot be handed an app object,
 so it builds its own from the config path, which the parent passes in ``FLEET_GATEWAY_CONFIG``.
 
-What each worker keeps to itself (README, "Several workers"): its backend pool and in-flight
-counts (least-in-flight balances its own requests), its health probes (each worker probes every
-backend), passive ejection, routing state, and its limiter. The limiter's totals are divided
-among the workers (rounded up) so that the configured limits still bound the whole gateway;
-the price is that one worker may be full while another has room. Metrics are shared through
-prometheus_client's multiprocess files in a private directory that the parent creates before
-the workers start and removes when they are gone.
+What the workers share: their in-flight counts, per backend and in all, in a table each worker
+maps (shared.py), so that ``backend_max_concurrency`` (or vLLM's ``max_num_seqs``) and
+``max_in_flight`` bound the whole gateway and no worker turns a request away while the gateway
+has room. What each keeps to itself (docs/gateway.md, "Several workers"): its backend pool (least-in-flight balances its
+own requests), its health probes (each worker probes every backend), passive ejection, routing
+state, and its queue, which holds 1/N of ``backend_queue``. Metrics are shared through
+prometheus_client's multiprocess files. Both live in a private directory that the parent creates
+before the workers start and removes when they are gone.
 """
 
 from __future__ import annotations
@@ -23,28 +24,26 @@ import tempfile
 from collections.abc import Iterator
 
 from gateway.settings import GatewaySettings
+from gateway.shared import SharedCounts, create
 
 CONFIG_ENV = "FLEET_GATEWAY_CONFIG"
 METRICS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
+SHARED_ENV = "FLEET_SHARED_COUNTS"
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
 def share(settings: GatewaySettings) -> GatewaySettings:
-    """One worker's part of the gateway-wide limits: each total divided by the worker count,
-    rounded up (a total of 0, "no limit", stays 0), so N workers together stay within the total
-    plus at most N-1."""
+    """One worker's settings: its queue holds ``backend_queue`` divided by the worker count,
+    rounded up. The in-flight limits stay whole: the limiter compares them with the shared counts."""
     n = settings.workers
     if n == 1:
         return settings
+    return settings.model_copy(update={"backend_queue": -(-settings.backend_queue // n)})
 
-    def part(total: int | None) -> int | None:
-        return None if total is None else -(-total // n)
 
-    return settings.model_copy(update={
-        "backend_max_concurrency": part(settings.backend_max_concurrency),
-        "backend_queue": part(settings.backend_queue),
-        "max_in_flight": part(settings.max_in_flight),
-    })
+def shared_rows(workers: int) -> int:
+    # Room for replacements that start before a crashed worker's row is seen to be free.
+    return 2 * workers
 
 
 @contextlib.contextmanager
@@ -54,7 +53,9 @@ def worker_environment(config_path: str, workers: int) -> Iterator[str]:
     set before any worker imports prometheus_client. Afterwards the directory is removed and the
     environment restored; yields the directory."""
     path = tempfile.mkdtemp(prefix="fleet-gateway-metrics-")
-    wanted = {CONFIG_ENV: os.path.abspath(config_path), "FLEET_WORKERS": str(workers), METRICS_DIR_ENV: path}
+    counts = create(path, shared_rows(workers))  # not a *.db file: prometheus_client ignores it
+    wanted = {CONFIG_ENV: os.path.abspath(config_path), "FLEET_WORKERS": str(workers), METRICS_DIR_ENV: path,
+              SHARED_ENV: counts}
     before = {k: os.environ.get(k) for k in wanted}
     os.environ.update(wanted)
     try:
@@ -78,4 +79,6 @@ def worker_app() -> object:
     settings = share(load_settings(cfg.settings))
     # A spawned worker starts with logging unconfigured; the gateway's own loggers need a handler.
     logging.basicConfig(level=settings.log_level.upper(), format=LOG_FORMAT)
-    return FleetGateway(settings, cfg.backends, cfg.node_tier)
+    path = os.environ.get(SHARED_ENV)
+    shared = SharedCounts(path, shared_rows(settings.workers)) if path and settings.workers > 1 else None
+    return FleetGateway(settings, cfg.backends, cfg.node_tier, shared)

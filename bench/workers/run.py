@@ -13,8 +13,8 @@ Phases, each after its connections are open, the load processes starting togethe
   c256    256 concurrent, the same                               -> requests/s, CPU per request
   paced   256 concurrent streams, 100 tokens 20 ms apart, 2 rounds -> CPU per event, TTFT, ITL
 
-Backpressure limits are off here (FLEET_BACKEND_MAX_CONCURRENCY=0): with N workers each worker
-gets 1/N of them (README, "Several workers"), which is a policy, not a cost.
+Backpressure limits are off here (FLEET_BACKEND_MAX_CONCURRENCY=0): this measures the proxy; what
+the workers' shared limits add per request is measured by shared_cost.py.
 
     python bench/workers/run.py [--workers 1,2,4,8] [--duration-s 5] [--out bench/workers/results]
 """

@@ -62,8 +62,8 @@ KNOBS: dict[str, Any] = {
     "load_running": 0, "load_waiting": 0, "load_kv": 0.0,
     "sleep_delay": 0.0, "wake_delay": 0.0, "wake_fail": False,
 }
-STATS = {"requests_total": 0, "in_flight": 0, "cancelled": 0, "completed": 0, "while_asleep": 0,
-         "sleeps": 0, "wakes": 0}
+STATS = {"requests_total": 0, "in_flight": 0, "peak_in_flight": 0, "cancelled": 0, "completed": 0,
+         "while_asleep": 0, "sleeps": 0, "wakes": 0}
 ASLEEP: dict[str, int] = {}  # {"level": N} while asleep
 LAST: dict[str, Any] = {"body": None}  # the last POST body that parsed as JSON
 
@@ -224,6 +224,7 @@ class Fake:
             await asyncio.sleep(3600)  # vLLM asleep: the request hangs, no error
         STATS["requests_total"] += 1
         STATS["in_flight"] += 1
+        STATS["peak_in_flight"] = max(STATS["peak_in_flight"], STATS["in_flight"])
         try:
             return await self._post(request)
         except asyncio.CancelledError:

@@ -173,9 +173,41 @@ def test_bad_workers_exits_2_naming_the_key(tmp_path: Path, capsys: pytest.Captu
     assert key in err and "Traceback" not in err, err
 
 
-def test_limits_are_divided_among_workers() -> None:
-    s = share(GatewaySettings(workers=3, backend_max_concurrency=256, backend_queue=0, max_in_flight=4096))
-    assert (s.backend_max_concurrency, s.backend_queue, s.max_in_flight) == (86, 0, 1366)
+def test_only_the_queue_is_divided_among_workers() -> None:
+    s = share(GatewaySettings(workers=3, backend_max_concurrency=256, backend_queue=10, max_in_flight=4096))
+    assert (s.backend_max_concurrency, s.backend_queue, s.max_in_flight) == (256, 4, 4096)
     one = GatewaySettings(backend_max_concurrency=7)
     assert share(one) is one
+
+
+def queue_waits(gw: Gateway) -> float:
+    return sum(v for k, v in scrape(gw).items() if k.startswith("fleet_queue_wait_seconds_count{"))
+
+
+def test_four_workers_hold_one_limit_together(tmp_path: Path) -> None:
+    """A backend limit of 8 with 4 workers: 8 requests at once all reach the backend without
+    queueing, however the kernel spreads the connections (with 1/4 of the limit per worker, a
+    worker handed 3 of them queued one); 16 at once never put more than 8 + 3 on it (two workers
+    may take the last slot at the same moment) and all are served."""
+    fake = FakeVllm(tmp_path, ["m1"], "--fake-latency", "1.0")
+    gw = Gateway(tmp_path, instances(fake), args=["--workers", "4"],
+                 env={"FLEET_BACKEND_MAX_CONCURRENCY": "8", "FLEET_BACKEND_QUEUE": "16"})
+    try:
+        directory = metrics_dir_of(workers_of(gw.pid)[0])
+        assert wait_until(lambda: len(workers_of(gw.pid)) == 4
+                          and all(healthy_in(directory, p) for p in workers_of(gw.pid)), 20)
+
+        def one(_: int) -> int:
+            return httpx.post(gw.url + "/v1/chat/completions", content=BODY, headers=HEADERS, timeout=30).status_code
+
+        with ThreadPoolExecutor(16) as ex:
+            assert list(ex.map(one, range(8))) == [200] * 8
+            assert fake.stats()["peak_in_flight"] == 8
+            assert queue_waits(gw) == 0
+            assert list(ex.map(one, range(16))) == [200] * 16
+        assert 8 <= fake.stats()["peak_in_flight"] <= 8 + 3
+        assert queue_waits(gw) >= 16 - (8 + 3)
+    finally:
+        gw.stop()
+        fake.stop()
 

@@ -1,0 +1,132 @@
+"""In-flight counts that the gateway's workers (``--workers N``) share, so that the limits are the
+gateway's and not a worker's.
+
+Without them each worker held 1/N of every limit: with 4 workers behind vLLM's 256 sequences, a
+worker that the kernel handed more than 64 connections queued requests while the others had room
+(146 and 552 of 1,536 requests queued at 512 concurrent on an H200, issue 21).
+
+One file in the workers' private directory, mapped by every worker: a row of int64 cells per
+worker and a column per backend (column 0: the worker's requests in flight, for
+``max_in_flight``). A worker writes only its own row, so the hot path takes no lock; a reader sums
+a column over the rows. Two workers that look at the same moment may both take a backend's last
+slot, so a limit can be passed by at most N-1, the bound the divided limits had.
+
+A worker takes a row at start-up under ``flock``: a free one, or one whose worker is dead (uvicorn
+replaced it); it zeroes the row, since a dead worker's requests died with it. Backend names get
+their column the same way, the first time any worker asks, and keep it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import mmap
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+COLUMNS = 1024  # column 0 and up to 1,023 backend names over the gateway's life
+NAME_BYTES = 128
+GATEWAY = 0  # the column of each worker's requests in flight
+FILE_NAME = "inflight.bin"
+
+
+def file_size(rows: int) -> int:
+    # pids (one per row), then the names, then the cells
+    return 8 * rows + NAME_BYTES * COLUMNS + 8 * rows * COLUMNS
+
+
+def create(directory: str, rows: int) -> str:
+    """The zeroed file for ``rows`` workers; the parent calls this before spawning them."""
+    path = os.path.join(directory, FILE_NAME)
+    with open(path, "wb") as f:
+        f.truncate(file_size(rows))
+    return path
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class SharedCounts:
+    """This worker's view of the file: its own row to write, every row to read."""
+
+    def __init__(self, path: str, rows: int, pid: int | None = None) -> None:
+        self.rows = rows
+        self._fd = os.open(path, os.O_RDWR)
+        self._map = mmap.mmap(self._fd, file_size(rows))
+        view = memoryview(self._map)
+        self._pids = view[: 8 * rows].cast("q")
+        self._names = view[8 * rows: 8 * rows + NAME_BYTES * COLUMNS]
+        self._cells = view[8 * rows + NAME_BYTES * COLUMNS:].cast("q")
+        self._columns: dict[str, int] = {}
+        self.row = self._claim(os.getpid() if pid is None else pid)
+        self._base = self.row * COLUMNS
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        fcntl.flock(self._fd, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+    def _claim(self, pid: int) -> int:
+        with self._locked():
+            free = [r for r in range(self.rows) if self._pids[r] == 0]
+            dead = [r for r in range(self.rows) if self._pids[r] and not _alive(self._pids[r])]
+            if not free and not dead:
+                raise RuntimeError(f"every one of the {self.rows} worker rows is held by a live process")
+            row = (dead or free)[0]
+            for c in range(COLUMNS):
+                self._cells[row * COLUMNS + c] = 0
+            self._pids[row] = pid
+            return row
+
+    def column(self, name: str) -> int | None:
+        """The column of backend ``name`` (the same in every worker), or None when the table is full
+        or the name too long (the caller then counts that backend in this worker alone)."""
+        col = self._columns.get(name)
+        if col is not None:
+            return col
+        raw = name.encode()
+        if len(raw) >= NAME_BYTES:
+            return None
+        with self._locked():
+            for c in range(1, COLUMNS):
+                slot = self._names[c * NAME_BYTES: (c + 1) * NAME_BYTES]
+                stored = bytes(slot).rstrip(b"\0")
+                if stored == raw:
+                    break
+                if not stored:
+                    slot[: len(raw)] = raw
+                    break
+            else:
+                return None
+        self._columns[name] = c
+        return c
+
+    def set(self, col: int, value: int) -> None:
+        """This worker's count in column ``col``."""
+        self._cells[self._base + col] = value
+
+    def total(self, col: int) -> int:
+        """Every worker's count in column ``col``."""
+        return sum(self._cells[col::COLUMNS])
+
+    def close(self) -> None:
+        """Give the row back (a clean shutdown; a crash leaves it to the next worker's claim)."""
+        with self._locked():
+            for c in range(COLUMNS):
+                self._cells[self._base + c] = 0
+            self._pids[self.row] = 0
+        self._pids.release()
+        self._names.release()
+        self._cells.release()
+        self._map.close()
+        os.close(self._fd)
