@@ -59,8 +59,8 @@ class FleetGateway:
                                    settings.upstream_api_key) if settings.scrapes_load else None
         self.limiter = Limiter(self.pool, settings, self.metrics, shared)
         self.health = HealthChecker(self.backends, settings, self.metrics.count_probe)
-        self.proxy = Proxy(self.pool, settings, self.metrics, self.limiter,
-                           Ejector(self.backends, settings, self.metrics))
+        self.ejector = Ejector(self.backends, settings, self.metrics, shared)
+        self.proxy = Proxy(self.pool, settings, self.metrics, self.limiter, self.ejector)
         self.link: SupervisorLink | None = None
         if settings.supervisor_url and settings.control_token:
             self.link = SupervisorLink(settings.supervisor_url, settings.control_token, self.backends)
@@ -130,6 +130,7 @@ class FleetGateway:
         @asynccontextmanager
         async def lifespan(_: FastAPI) -> AsyncIterator[None]:
             await self.health.start()
+            self.ejector.start()
             if self.scraper is not None:
                 await self.scraper.start()
             if self.link is not None:
@@ -148,6 +149,7 @@ class FleetGateway:
                 if self.scraper is not None:
                     await self.scraper.stop()
                 await self.health.stop()
+                await self.ejector.stop()
                 await self.proxy.stop()
                 if self.limiter.shared is not None:
                     self.limiter.shared.close()  # this worker's counts leave the others' sums

@@ -13,34 +13,55 @@ a struggling replica still answers some requests, none at all answers none. Prob
 
 A writer of backend state (docs/architecture.md §2): it reads the replica index of the backend set
 and moves the backend; the metrics and the routers learn of it as subscribers.
+
+With several workers (shared.py) the failures in a row are the gateway's: each worker publishes
+its own count and compares the sum over the workers with ``eject_failures``; a worker that ejects
+publishes the ejection's end, and every other worker, looking every ``SYNC_S``, ejects the backend
+from its own rotation until then (under the same last-replica rule). Each worker still brings it
+back through its own probe.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import time
 
 from gateway.backend import Backend, BackendSet
 from gateway.metrics import GatewayMetrics
 from gateway.settings import GatewaySettings
+from gateway.shared import EJECTED_UNTIL, FAILURES, SharedCounts, column_of
+from gateway.state import BackendState
 
 log = logging.getLogger("gateway.ejection")
 
 # Statuses that say "this server could not do it", as opposed to "this request was wrong".
 FAILURE_STATUSES = frozenset({502, 503, 504})
+SYNC_S = 0.1  # how often a worker looks for ejections made by the others
 
 
 class Ejector:
-    def __init__(self, backends: BackendSet, settings: GatewaySettings, metrics: GatewayMetrics) -> None:
+    def __init__(self, backends: BackendSet, settings: GatewaySettings, metrics: GatewayMetrics,
+                 shared: SharedCounts | None = None) -> None:
         self.backends = backends
         self.threshold = settings.eject_failures
         self.base_s = settings.eject_base_s
         self.max_s = settings.eject_max_s
         self.metrics = metrics
+        self.shared = shared
+        self._sync: asyncio.Task[None] | None = None
+        if shared is not None:
+            backends.subscribe(self._returned)
 
     def failure(self, b: Backend, why: str) -> None:
         b.request_failures += 1
-        if not b.healthy or b.request_failures < self.threshold:
+        failures = b.request_failures
+        col = column_of(self.shared, b)
+        if col is not None and self.shared is not None:
+            self.shared.set(col, failures, FAILURES)
+            failures = self.shared.total(col, FAILURES)
+        if not b.healthy or failures < self.threshold:
             return
         if self.backends.last_in_rotation(b):
             return
@@ -49,9 +70,57 @@ class Ejector:
             b.ejections = 0
         period = self._period(b.ejections)
         b.eject(period)
+        if col is not None and self.shared is not None:
+            self.shared.set(col, int(b.ejected_until * 1000), EJECTED_UNTIL)
         self.metrics.ejections.labels(b.name).inc()
         log.warning("backend %s ejected for %.1fs after %d failed requests in a row (last: %s)",
-                    b.name, period, b.request_failures, why)
+                    b.name, period, failures, why)
+
+    def success(self, b: Backend) -> None:
+        """A good answer: the failures in a row start again (a no-op while there are none)."""
+        if b.request_failures:
+            b.request_failures = 0
+            self._publish_reset(b)
+
+    def _returned(self, b: Backend, _old: BackendState | None, new: BackendState | None) -> None:
+        # Back in rotation (backend.move zeroed request_failures): this worker's count starts over.
+        if new is BackendState.HEALTHY:
+            self._publish_reset(b)
+
+    def _publish_reset(self, b: Backend) -> None:
+        col = column_of(self.shared, b)
+        if col is not None and self.shared is not None:
+            self.shared.set(col, 0, FAILURES)
+
+    def start(self) -> None:
+        if self.shared is not None and self._sync is None:
+            self._sync = asyncio.create_task(self._follow(), name="ejection-sync")
+
+    async def stop(self) -> None:
+        if self._sync is not None:
+            self._sync.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sync
+            self._sync = None
+
+    async def _follow(self) -> None:
+        while True:
+            await asyncio.sleep(SYNC_S)
+            self.follow_once()
+
+    def follow_once(self) -> None:
+        """Eject from this worker's rotation what another worker ejected, until the end it set."""
+        assert self.shared is not None
+        now = time.time()
+        for b in list(self.backends):
+            col = column_of(self.shared, b)
+            if col is None or not b.healthy:
+                continue
+            until = self.shared.largest(col, EJECTED_UNTIL) / 1000
+            if until <= now or self.backends.last_in_rotation(b):
+                continue
+            b.eject(until - now)
+            log.warning("backend %s ejected for %.1fs by another gateway worker", b.name, until - now)
 
     def _period(self, n: int) -> float:
         return float(min(self.max_s, self.base_s * 2 ** min(n, 32)))

@@ -31,7 +31,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.pool import BackendPool
 from gateway.routing import Hint
 from gateway.settings import GatewaySettings
-from gateway.shared import GATEWAY, SharedCounts
+from gateway.shared import GATEWAY, SharedCounts, column_of
 from gateway.state import BackendState
 
 QUEUE_FULL = "queue_full"
@@ -90,21 +90,13 @@ class Limiter:
         total = self._fixed if self._fixed is not None else b.max_num_seqs
         if not total:
             return 0
-        if self._workers > 1 and self._column(b) is None:
+        if self._workers > 1 and column_of(self.shared, b) is None:
             return -(-total // self._workers)
         return total
 
-    def _column(self, b: Backend) -> int | None:
-        if self.shared is None:
-            return None
-        if b.shared_column < 0:
-            col = self.shared.column(b.name)
-            b.shared_column = 0 if col is None else col
-        return b.shared_column or None
-
     def count(self, b: Backend) -> int:
         """Requests open to ``b`` from the whole gateway."""
-        col = self._column(b)
+        col = column_of(self.shared, b)
         return b.in_flight if col is None or self.shared is None else self.shared.total(col)
 
     def has_room(self, b: Backend) -> bool:
@@ -165,7 +157,7 @@ class Limiter:
         self.metrics.backend_in_flight(b.name).inc()
 
     def _publish(self, b: Backend) -> None:
-        col = self._column(b)
+        col = column_of(self.shared, b)
         if col is not None and self.shared is not None:
             self.shared.set(col, b.in_flight)
 

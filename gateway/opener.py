@@ -129,7 +129,7 @@ class Opener:
             if conn.status in FAILURE_STATUSES:
                 self.ejector.failure(backend, f"answered {conn.status}")
             else:
-                backend.request_failures = 0
+                self.ejector.success(backend)
             if conn.status == 503:
                 pause = self.retry.backoff(attempts, loop.time() - start)
                 if pause is not None and self.pool.has_other(model, tried):

@@ -1,15 +1,17 @@
-"""In-flight counts that the gateway's workers (``--workers N``) share, so that the limits are the
-gateway's and not a worker's.
+"""What the gateway's workers (``--workers N``) share: in-flight counts, so that the limits are the
+gateway's and not a worker's, and passive ejection, so that a failing backend leaves every
+worker's rotation after ``eject_failures`` failed requests in the gateway, not in each worker.
 
 Without them each worker held 1/N of every limit: with 4 workers behind vLLM's 256 sequences, a
 worker that the kernel handed more than 64 connections queued requests while the others had room
 (146 and 552 of 1,536 requests queued at 512 concurrent on an H200, issue 21).
 
-One file in the workers' private directory, mapped by every worker: a row of int64 cells per
-worker and a column per backend (column 0: the worker's requests in flight, for
-``max_in_flight``). A worker writes only its own row, so the hot path takes no lock; a reader sums
-a column over the rows. Two workers that look at the same moment may both take a backend's last
-slot, so a limit can be passed by at most N-1, the bound the divided limits had.
+One file in the workers' private directory, mapped by every worker: planes of int64 cells (one per
+kind of count: ``IN_FLIGHT``, ``FAILURES``, ``EJECTED_UNTIL``), each a row per worker and a column
+per backend (column 0 of ``IN_FLIGHT``: the worker's requests in flight, for ``max_in_flight``). A
+worker writes only its own row, so the hot path takes no lock; a reader sums (or takes the largest
+of) a column over the rows. Two workers that look at the same moment may both take a backend's
+last slot, so a limit can be passed by at most N-1, the bound the divided limits had.
 
 A worker takes a row at start-up under ``flock``: a free one, or one whose worker is dead (uvicorn
 replaced it); it zeroes the row, since a dead worker's requests died with it. Backend names get
@@ -23,16 +25,22 @@ import mmap
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Protocol
 
 COLUMNS = 1024  # column 0 and up to 1,023 backend names over the gateway's life
 NAME_BYTES = 128
 GATEWAY = 0  # the column of each worker's requests in flight
 FILE_NAME = "inflight.bin"
+# The planes: what one cell of a (worker, backend) pair counts.
+IN_FLIGHT = 0  # requests open to the backend
+FAILURES = 1  # failed requests in a row (ejection.py)
+EJECTED_UNTIL = 2  # the end of the backend's ejection, wall-clock milliseconds; 0 none
+PLANES = 3
 
 
 def file_size(rows: int) -> int:
     # pids (one per row), then the names, then the cells
-    return 8 * rows + NAME_BYTES * COLUMNS + 8 * rows * COLUMNS
+    return 8 * rows + NAME_BYTES * COLUMNS + 8 * PLANES * rows * COLUMNS
 
 
 def create(directory: str, rows: int) -> str:
@@ -41,6 +49,21 @@ def create(directory: str, rows: int) -> str:
     with open(path, "wb") as f:
         f.truncate(file_size(rows))
     return path
+
+
+class _Keyed(Protocol):
+    name: str
+    shared_column: int  # -1: not asked yet; 0: no column
+
+
+def column_of(shared: SharedCounts | None, b: _Keyed) -> int | None:
+    """``b``'s column in the table, asked once and kept on ``b``; None without a table or a column."""
+    if shared is None:
+        return None
+    if b.shared_column < 0:
+        col = shared.column(b.name)
+        b.shared_column = 0 if col is None else col
+    return b.shared_column or None
 
 
 def _alive(pid: int) -> bool:
@@ -65,6 +88,7 @@ class SharedCounts:
         self._names = view[8 * rows: 8 * rows + NAME_BYTES * COLUMNS]
         self._cells = view[8 * rows + NAME_BYTES * COLUMNS:].cast("q")
         self._columns: dict[str, int] = {}
+        self._plane = rows * COLUMNS
         self.row = self._claim(os.getpid() if pid is None else pid)
         self._base = self.row * COLUMNS
 
@@ -83,8 +107,7 @@ class SharedCounts:
             if not free and not dead:
                 raise RuntimeError(f"every one of the {self.rows} worker rows is held by a live process")
             row = (dead or free)[0]
-            for c in range(COLUMNS):
-                self._cells[row * COLUMNS + c] = 0
+            self._zero(row)
             self._pids[row] = pid
             return row
 
@@ -111,19 +134,31 @@ class SharedCounts:
         self._columns[name] = c
         return c
 
-    def set(self, col: int, value: int) -> None:
-        """This worker's count in column ``col``."""
-        self._cells[self._base + col] = value
+    def _zero(self, row: int) -> None:
+        for p in range(PLANES):
+            start = p * self._plane + row * COLUMNS
+            self._cells[start: start + COLUMNS] = memoryview(bytes(8 * COLUMNS)).cast("q")
 
-    def total(self, col: int) -> int:
-        """Every worker's count in column ``col``."""
-        return sum(self._cells[col::COLUMNS])
+    def set(self, col: int, value: int, plane: int = IN_FLIGHT) -> None:
+        """This worker's count in column ``col``."""
+        self._cells[plane * self._plane + self._base + col] = value
+
+    def _column_cells(self, col: int, plane: int) -> memoryview:
+        start = plane * self._plane + col
+        return self._cells[start: start + self._plane: COLUMNS]
+
+    def total(self, col: int, plane: int = IN_FLIGHT) -> int:
+        """Every worker's count in column ``col``, added up."""
+        return sum(self._column_cells(col, plane))
+
+    def largest(self, col: int, plane: int) -> int:
+        """The largest of the workers' values in column ``col``."""
+        return max(self._column_cells(col, plane))
 
     def close(self) -> None:
         """Give the row back (a clean shutdown; a crash leaves it to the next worker's claim)."""
         with self._locked():
-            for c in range(COLUMNS):
-                self._cells[self._base + c] = 0
+            self._zero(self.row)
             self._pids[self.row] = 0
         self._pids.release()
         self._names.release()

@@ -4,12 +4,13 @@ uvicorn's supervisor binds the socket once and spawns N workers that accept on i
 worker that dies and stops them all on SIGTERM. A spawned worker cannot be handed an app object,
 so it builds its own from the config path, which the parent passes in ``FLEET_GATEWAY_CONFIG``.
 
-What the workers share: their in-flight counts, per backend and in all, in a table each worker
-maps (shared.py), so that ``backend_max_concurrency`` (or vLLM's ``max_num_seqs``) and
+What the workers share, in a table each worker maps (shared.py): their in-flight counts, per
+backend and in all, so that ``backend_max_concurrency`` (or vLLM's ``max_num_seqs``) and
 ``max_in_flight`` bound the whole gateway and no worker turns a request away while the gateway
-has room. What each keeps to itself (docs/gateway.md, "Several workers"): its backend pool (least-in-flight balances its
-own requests), its health probes (each worker probes every backend), passive ejection, routing
-state, and its queue, which holds 1/N of ``backend_queue``. Metrics are shared through
+has room; and passive ejection (ejection.py). What each keeps to itself (docs/gateway.md,
+"Several workers"): its backend pool (least-in-flight balances its own requests), its health
+probes (each worker probes every backend), routing state, and its queue, which holds 1/N of
+``backend_queue``. Metrics are shared through
 prometheus_client's multiprocess files. Both live in a private directory that the parent creates
 before the workers start and removes when they are gone.
 """

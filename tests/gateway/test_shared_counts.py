@@ -6,17 +6,19 @@ import asyncio
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from fleetspec.tiers import VramTier
 from gateway.backend import Backend, BackendSet
+from gateway.ejection import Ejector
 from gateway.limiter import MAX_IN_FLIGHT, Limiter, Rejected
 from gateway.metrics import GatewayMetrics
 from gateway.pool import BackendPool
 from gateway.settings import GatewaySettings
-from gateway.shared import GATEWAY, SharedCounts, create
+from gateway.shared import FAILURES, GATEWAY, SharedCounts, column_of, create
 from gateway.state import BackendState
 
 
@@ -109,6 +111,59 @@ async def test_two_workers_limiters_share_a_backends_slots_and_the_gateway_cap(t
         with pytest.raises(Rejected) as cap:
             lb.enter()  # 3 in the gateway, its cap, though this worker holds only 1
         assert cap.value.reason == MAX_IN_FLIGHT
+    finally:
+        sb.close()
+        sa.close()
+
+
+def ejector_worker(shared: SharedCounts) -> tuple[Ejector, Backend, Backend]:
+    """One worker's ejector over its own Backend objects for the two replicas every worker sees."""
+    sick, other = (Backend(n, f"http://{n}", VramTier.UNKNOWN, ["m"], ["m"]) for n in ("sick", "other"))
+    for b in (sick, other):
+        b.state = BackendState.HEALTHY
+    settings = GatewaySettings(workers=2, eject_failures=3, eject_base_s=0.3)
+    return Ejector(BackendSet([sick, other]), settings, GatewayMetrics(), shared), sick, other
+
+
+def test_failures_in_a_row_are_the_gateways_and_an_ejection_reaches_every_worker(tmp_path: Path) -> None:
+    path = create(str(tmp_path), 2)
+    sa, sb = SharedCounts(path, 2, pid=os.getppid()), SharedCounts(path, 2)
+    try:
+        (ea, a_sick, _), (eb, b_sick, _) = ejector_worker(sa), ejector_worker(sb)
+        ea.failure(a_sick, "reset")
+        ea.failure(a_sick, "reset")
+        assert a_sick.healthy  # 2 of 3
+        eb.success(b_sick)  # a good answer in the other worker resets only that worker's count
+        eb.failure(b_sick, "reset")  # the gateway's third failure in a row, the first in this worker
+        assert b_sick.state is BackendState.EJECTED
+        assert a_sick.healthy  # worker a has not looked yet
+        ea.follow_once()
+        assert a_sick.state is BackendState.EJECTED
+        assert abs(a_sick.ejected_until - b_sick.ejected_until) < 0.01
+        # Back through a probe: the worker's count starts over at 0 in the table too.
+        a_sick.record_probe(True, None, failures=1, successes=1)
+        assert a_sick.state is BackendState.EJECTED  # not before the ejection ends
+        time.sleep(max(0.0, a_sick.ejected_until - time.time()) + 0.01)
+        a_sick.record_probe(True, None, failures=1, successes=1)
+        assert a_sick.healthy and sa.total(column_of(sa, a_sick) or 0, FAILURES) == 1  # b's one remains
+        ea.follow_once()  # the ejection's end is past for a: nothing to follow
+        assert a_sick.healthy
+    finally:
+        sb.close()
+        sa.close()
+
+
+def test_another_workers_ejection_spares_the_last_replica_in_rotation(tmp_path: Path) -> None:
+    path = create(str(tmp_path), 2)
+    sa, sb = SharedCounts(path, 2, pid=os.getppid()), SharedCounts(path, 2)
+    try:
+        (ea, a_sick, a_other), (eb, b_sick, _) = ejector_worker(sa), ejector_worker(sb)
+        for _ in range(3):
+            eb.failure(b_sick, "reset")
+        assert b_sick.state is BackendState.EJECTED
+        a_other.state = BackendState.UNHEALTHY  # in worker a, 'sick' is the model's last replica
+        ea.follow_once()
+        assert a_sick.healthy
     finally:
         sb.close()
         sa.close()

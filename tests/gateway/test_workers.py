@@ -211,3 +211,47 @@ def test_four_workers_hold_one_limit_together(tmp_path: Path) -> None:
         gw.stop()
         fake.stop()
 
+
+
+def rotation_by_pid(directory: str, backend: str) -> dict[int, float]:
+    """fleet_backend_healthy of ``backend`` in each live worker, from each worker's own gauge file."""
+    out: dict[int, float] = {}
+    for f in glob.glob(os.path.join(directory, "gauge_livemax_*.db")):
+        pid = int(f.rsplit("_", 1)[1].removesuffix(".db"))
+        for key, value, *_ in MmapedDict.read_all_values_from_file(f):
+            if '"fleet_backend_healthy"' in key and f'"{backend}"' in key:
+                out[pid] = value
+    return out
+
+
+def test_four_workers_eject_a_failing_backend_together(tmp_path: Path) -> None:
+    """A replica answering 503 leaves every worker's rotation after 3 failed requests in the whole
+    gateway (FLEET_EJECT_FAILURES), however the kernel spread them over the workers; with each
+    worker counting its own, 3 failures spread over 4 workers ejected it nowhere, or in one."""
+    good, sick = FakeVllm(tmp_path, ["m1"]), FakeVllm(tmp_path, ["m1"])
+    gw = Gateway(tmp_path, instances(good, sick), args=["--workers", "4"],
+                 env={"FLEET_EJECT_FAILURES": "3", "FLEET_EJECT_BASE_S": "60", "FLEET_ROUTING_POLICY": "round_robin"})
+    try:
+        pids = workers_of(gw.pid)
+        directory = metrics_dir_of(pids[0])
+        name = f"fake-{sick.port}"
+        # Both replicas in every worker's rotation (a worker without the good one would pass the 503 on).
+        assert wait_until(lambda: len(workers_of(gw.pid)) == 4 and all(
+            rotation_by_pid(directory, n).get(p) == 1 for p in workers_of(gw.pid) for n in (name, f"fake-{good.port}")),
+            20)
+        sick.configure(status=503)
+        sent = 0
+        while sick.stats()["requests_total"] < 3 and sent < 200:
+            # A 503 from vLLM is retried on the other replica: the client sees 200 throughout.
+            assert httpx.post(gw.url + "/v1/chat/completions", content=BODY, headers=HEADERS,
+                              timeout=10).status_code == 200
+            sent += 1
+        assert sick.stats()["requests_total"] == 3, sent
+        assert wait_until(lambda: all(rotation_by_pid(directory, name).get(p) == 0 for p in workers_of(gw.pid)), 5), \
+            rotation_by_pid(directory, name)
+        send(gw, 40)
+        assert sick.stats()["requests_total"] == 3  # out of every worker's rotation
+    finally:
+        gw.stop()
+        good.stop()
+        sick.stop()
