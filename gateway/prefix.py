@@ -24,8 +24,11 @@ BLOCK_CHARS = 128  # ≈ 32 tokens of English; vLLM's blocks are 16 tokens
 MAX_BLOCKS = 2048  # prompts longer than 256k characters match on their first 256k only
 
 
-def prompt_text(doc: dict[str, Any]) -> str:
-    """The routing view of a chat or completions request's prompt; "" when there is none."""
+def prompt_text(doc: dict[str, Any], opening: bool = False) -> str:
+    """The routing view of a chat or completions request's prompt; "" when there is none.
+
+    ``opening``: only a chat's opening, through its first user message, which every later turn of
+    the conversation repeats ("" for anything else)."""
     parts: list[str] = []
     tools = doc.get("tools")
     if tools:
@@ -36,7 +39,11 @@ def prompt_text(doc: dict[str, Any]) -> str:
             if isinstance(m, dict):
                 parts.append(f"\x1e{m.get('role', '')}\x1f")
                 parts.append(_content_text(m.get("content")))
-        return "".join(parts)
+                if opening and m.get("role") == "user":
+                    return "".join(parts)
+        return "" if opening else "".join(parts)
+    if opening:
+        return ""
     prompt = doc.get("prompt")
     if isinstance(prompt, list) and prompt:
         prompt = prompt[0] if isinstance(prompt[0], str | list) else prompt  # a batch: its first prompt

@@ -11,6 +11,11 @@
   no replica is overloaded for the sake of affinity; then, and when nothing matches, the
   load-aware choice. The prefix is recorded for whichever replica is chosen.
 
+  With several gateway workers each worker's index sees only the requests it took, so a chat's
+  next turn, taken by another worker, would miss. There a chat whose whole opening (through its
+  first user message) the index does not hold goes by its opening on the hash ring instead
+  (``prefix_hash``): every worker puts every turn of one conversation on the same replica.
+
 Each choice returns a reason, counted in ``fleet_routing_decisions_total``.
 """
 
@@ -26,13 +31,14 @@ from typing import Any
 from fleetspec.policies import Policy
 from gateway.backend import Backend
 from gateway.load import load_estimate, load_score
-from gateway.prefix import HashRing, PrefixIndex, block_hashes, prompt_text
+from gateway.prefix import BLOCK_CHARS, HashRing, PrefixIndex, block_hashes, prompt_text
 
 # Reasons, the metric's label values.
 BALANCED = "balanced"  # the policy's load (or turn) based choice
 PREFIX_MATCH = "prefix_match"
 PREFIX_MISS = "prefix_miss"  # prefix-aware, no replica holds any of the prompt: balanced
 SESSION = "session"
+PREFIX_HASH = "prefix_hash"  # several workers: the chat's opening on the hash ring
 OVERLOADED = "affinity_overloaded"  # the affinity replica was over the bound: balanced instead
 
 
@@ -42,13 +48,21 @@ class Hint:
 
     session: str | None
     blocks: list[int]
+    opening: str = ""  # several workers: the chat's opening (prefix.prompt_text), its ring key
+    opening_blocks: int = 0  # how many of ``blocks`` the opening fills
 
 
-def hint_for(doc: dict[str, Any], session: str | None) -> Hint:
+def hint_for(doc: dict[str, Any], session: str | None, workers: int = 1) -> Hint:
     if session is None:
         user = doc.get("user")
         session = user if isinstance(user, str) and user else None
-    return Hint(session, [] if session else block_hashes(prompt_text(doc)))
+    if session:
+        return Hint(session, [])
+    blocks = block_hashes(prompt_text(doc))
+    if workers == 1:
+        return Hint(None, blocks)
+    opening = prompt_text(doc, opening=True)
+    return Hint(None, blocks, opening, len(opening) // BLOCK_CHARS)
 
 
 class Router:
@@ -94,21 +108,25 @@ class Router:
             load = loads.get(id(b))
             return load is not None and load + 1 <= bound
 
+        def on_ring(key: str, reason: str) -> tuple[Backend | None, str]:
+            for b in self._ring_for(group).walk(key):
+                if fits(b):
+                    return b, reason
+                if id(b) in loads:  # usable, but over the bound: its next on the ring takes it
+                    reason = OVERLOADED
+            return None, reason
+
         chosen: Backend | None = None
         reason = BALANCED
         if hint.session is not None:
-            reason = SESSION
-            for b in self._ring_for(group).walk(hint.session):
-                if fits(b):
-                    chosen = b
-                    break
-                if id(b) in loads:  # usable, but over the bound: its next on the ring takes it
-                    reason = OVERLOADED
+            chosen, reason = on_ring(hint.session, SESSION)
         else:
             assert self.index is not None
             depth, holders = self.index.deepest(hint.blocks, lambda b: id(b) in loads)
             fitting = [b for b in holders if fits(b)]
-            if fitting:
+            if hint.opening and depth < hint.opening_blocks:
+                chosen, reason = on_ring(hint.opening, PREFIX_HASH)  # this worker has not seen the chat
+            elif fitting:
                 chosen = self._least(fitting, lambda b: load_score(b, now, self.max_age))
                 reason = PREFIX_MATCH
             elif hint.blocks:

@@ -7,9 +7,10 @@ vllm:prefix_cache_queries_total, both replicas summed). Before each run both rep
 caches are emptied (POST /reset_prefix_cache, vLLM's dev-mode endpoint), so no policy inherits
 another's cache; the policies run in a rotated order each round, to spread any drift.
 
-    .venv/bin/python bench/routing/run.py [--rounds 2] [--conversations 24] [--quick]
+    .venv/bin/python bench/routing/run.py [--rounds 2] [--conversations 24] [--quick] [--workers N]
 
-Writes bench/routing/results/routing.{md,json} and prints the table.
+Writes bench/routing/results/routing.{md,json} (routing-workersN.{md,json} with --workers N > 1)
+and prints the table.
 """
 
 from __future__ import annotations
@@ -125,14 +126,25 @@ def reset_caches(urls: list[str]) -> None:
             raise RuntimeError(f"{u} would not reset its prefix cache: {r.status_code} {r.text}")
 
 
+def every_worker_ready(url: str, workers: int) -> None:
+    """Each worker probes on its own: wait until answers on fresh connections, 3 per worker in a
+    row, all see both replicas in rotation."""
+    in_a_row, deadline = 0, time.monotonic() + 30
+    while in_a_row < 3 * workers and time.monotonic() < deadline:
+        fleet = httpx.get(url + "/fleet", headers={"connection": "close"}, timeout=5).json()
+        in_a_row = in_a_row + 1 if all(b["healthy"] for b in fleet["backends"]) else 0
+        time.sleep(0.05)
+
+
 def run_policy(policy: str, kind: str, urls: list[str], args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     convs = workload.build(kind, args.conversations, args.turns, args.system_prompts, args.system_chars,
                            args.document_chars, args.hot_share, args.think_s, args.seed)
     config = {"backend": "vllm", "vllm_instances": [
         {"host": u, "models": [MODEL], "name": f"replica-{i}"} for i, u in enumerate(urls)]}
     gw = Gateway(tmp, config, {"FLEET_ROUTING_POLICY": policy, "FLEET_LOG_LEVEL": "warning",
-                               "FLEET_HEALTH_INTERVAL_S": "1"})
+                               "FLEET_HEALTH_INTERVAL_S": "1"}, args=["--workers", str(args.workers)])
     try:
+        every_worker_ready(gw.url, args.workers)
         reset_caches(urls)
         h0, q0 = cache_counters(urls)
         ttfts, turns, wall = asyncio.run(drive(gw.url, convs, args.concurrency, args.max_tokens, args.limit_s))
@@ -194,6 +206,7 @@ def main() -> int:
     p.add_argument("--kv-blocks", type=int, default=0,
                    help="vLLM's --num-gpu-blocks-override: a KV cache smaller than both replicas' working set")
     p.add_argument("--quick", action="store_true", help="1 round, 8 conversations: a smoke run")
+    p.add_argument("--workers", type=int, default=1, help="gateway worker processes (--workers N)")
     args = p.parse_args()
     if args.quick:
         args.rounds, args.conversations = 1, 8
@@ -226,8 +239,9 @@ def main() -> int:
     md = table(rows)
     settings = {k: v for k, v in vars(args).items() if k != "quick"}
     OUT.mkdir(exist_ok=True)
-    (OUT / "routing.json").write_text(json.dumps({"settings": settings, "runs": rows}, indent=1))
-    (OUT / "routing.md").write_text(f"Settings: `{json.dumps(settings)}`\n\n{md}\n")
+    name = "routing" if args.workers == 1 else f"routing-workers{args.workers}"
+    (OUT / f"{name}.json").write_text(json.dumps({"settings": settings, "runs": rows}, indent=1))
+    (OUT / f"{name}.md").write_text(f"Settings: `{json.dumps(settings)}`\n\n{md}\n")
     print(md)
     return 0
 
