@@ -18,6 +18,7 @@ from __future__ import annotations
 import re
 import time
 from collections import deque
+from collections.abc import Callable
 from contextvars import ContextVar
 from typing import Any
 
@@ -29,7 +30,7 @@ PROMPT_CHARS = 200
 
 
 class Entry:
-    __slots__ = ("backend", "model", "prompt", "start", "status", "tokens", "ttfb", "wall")
+    __slots__ = ("backend", "count_tokens", "model", "prompt", "start", "status", "tokens", "ttfb", "wall")
 
     def __init__(self) -> None:
         self.wall = time.time()
@@ -40,6 +41,12 @@ class Entry:
         self.ttfb: float | None = None
         self.prompt: str | None = None
         self.tokens: int | None = None  # completion tokens, where the answer says or the stream was counted
+        self.count_tokens: Callable[[], int | None] | None = None  # the count, worked out when read
+
+    def completion_tokens(self) -> int | None:
+        if self.tokens is None and self.count_tokens is not None:
+            self.tokens, self.count_tokens = self.count_tokens(), None
+        return self.tokens
 
 
 _COMPLETION_TOKENS = re.compile(rb'"completion_tokens":\s*(\d+)')
@@ -52,11 +59,21 @@ def completion_tokens(body: bytes) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def record_tokens(n: int | None) -> None:
-    """The current request's completion tokens, for the console's Activity."""
+LAZY_BYTES = 64 * 1024
+
+
+def record_tokens_later(count: Callable[[], int | None], size: int = 0) -> None:
+    """The current request's completion tokens, counted only if the console reads them: counting a
+    stream means parsing every event: 43 % of the gateway's CPU (py-spy) under bench/compare's burst
+    load, whose short streams arrive whole. ``count`` holds the answer's bytes until then; one of more than
+    ``LAZY_BYTES`` is counted now, so the ``RECENT`` entries hold at most RECENT × LAZY_BYTES."""
     entry = CURRENT.get()
-    if entry is not None and n is not None:
-        entry.tokens = n
+    if entry is None:
+        return
+    if size > LAZY_BYTES:
+        entry.tokens = count()
+    else:
+        entry.count_tokens = count
 
 
 def prompt_excerpt(doc: dict[str, Any]) -> str:
@@ -123,7 +140,7 @@ class Activity:
     def requests(self, limit: int = RECENT, prompts: bool = False) -> list[dict[str, Any]]:
         return [{"time": round(e.wall, 3), "model": e.model, "backend": e.backend, "status": e.status,
                  "latency_s": round(lat, 4), "ttfb_s": None if e.ttfb is None else round(e.ttfb, 4),
-                 "tokens": e.tokens,
+                 "tokens": e.completion_tokens(),
                  **({"prompt": e.prompt} if prompts else {})}
                 for e, lat in list(self.recent)[-limit:][::-1]]
 

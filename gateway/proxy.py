@@ -34,7 +34,7 @@ from typing import Any
 from starlette.types import Receive, Scope, Send
 
 from gateway import errors
-from gateway.activity import Entry, completion_tokens, prompt_excerpt, record_tokens
+from gateway.activity import Entry, completion_tokens, prompt_excerpt, record_tokens_later
 from gateway.backend import Backend
 from gateway.ejection import Ejector
 from gateway.inbound import (
@@ -215,7 +215,9 @@ class Proxy:
                 first_byte()
                 flight.done = True
                 whole = conn.take_body()
-                record_tokens(stream_tokens(scope["path"], whole) if flight.sse else completion_tokens(whole))
+                path = scope["path"]
+                record_tokens_later((lambda: stream_tokens(path, whole)) if flight.sse
+                                    else (lambda: completion_tokens(whole)), len(whole))
                 await send({"type": "http.response.body", "body": whole, "more_body": False})
         except BaseException:
             self.opener.release(leg)
@@ -234,10 +236,7 @@ class Proxy:
             ended = await stream.run(leg)
         finally:  # also when the client left right after [DONE] and took the task with it
             if stream.transcript is not None:
-                # Kept for a possible continuation anyway (sse.py); parsing its unparsed tail costs
-                # what every COMPACT_BYTES of a longer stream already does.
-                stream.transcript.compact()
-                record_tokens(stream.transcript.tokens)
+                record_tokens_later(stream.transcript.counter())  # counted if the console reads it
         if ended is not None:
             self._answered(model, ended, conn.status, t0)
 
