@@ -43,7 +43,7 @@ class Entry:
         self.tokens: int | None = None  # completion tokens, where the answer says or the stream was counted
         self.count_tokens: Callable[[], int | None] | None = None  # the count, worked out when read
 
-    def completion_tokens(self) -> int | None:
+    def counted_tokens(self) -> int | None:
         if self.tokens is None and self.count_tokens is not None:
             self.tokens, self.count_tokens = self.count_tokens(), None
         return self.tokens
@@ -63,10 +63,11 @@ LAZY_BYTES = 64 * 1024
 
 
 def record_tokens_later(count: Callable[[], int | None], size: int = 0) -> None:
-    """The current request's completion tokens, counted only if the console reads them: counting a
-    stream means parsing every event: 43 % of the gateway's CPU (py-spy) under bench/compare's burst
-    load, whose short streams arrive whole. ``count`` holds the answer's bytes until then; one of more than
-    ``LAZY_BYTES`` is counted now, so the ``RECENT`` entries hold at most RECENT × LAZY_BYTES."""
+    """The current request's completion tokens, counted only if the console reads them. Counting a
+    stream means parsing every event: 43 % of the gateway's CPU (py-spy) under bench/compare's
+    burst load, whose short streams arrive whole. ``count`` holds the answer's bytes until then;
+    an answer of more than ``LAZY_BYTES`` is counted now, so the ``RECENT`` entries hold at most
+    RECENT × LAZY_BYTES (a stream's transcript keeps less: relay.COMPACT_BYTES)."""
     entry = CURRENT.get()
     if entry is None:
         return
@@ -140,7 +141,7 @@ class Activity:
     def requests(self, limit: int = RECENT, prompts: bool = False) -> list[dict[str, Any]]:
         return [{"time": round(e.wall, 3), "model": e.model, "backend": e.backend, "status": e.status,
                  "latency_s": round(lat, 4), "ttfb_s": None if e.ttfb is None else round(e.ttfb, 4),
-                 "tokens": e.completion_tokens(),
+                 "tokens": e.counted_tokens(),
                  **({"prompt": e.prompt} if prompts else {})}
                 for e, lat in list(self.recent)[-limit:][::-1]]
 
