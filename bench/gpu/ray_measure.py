@@ -390,11 +390,18 @@ def follow(name: str, model: str, old_pid: int | None, old_gpu_pids: set[int], t
         time.sleep(0.25)
 
 
-def kill_api(args: argparse.Namespace) -> dict[str, Any]:
-    snap = instances().get(args.name, {})
+def running_pid(name: str) -> int | str:
+    """The API server's pid of a RUNNING instance, or why there is none (the faults need one)."""
+    snap = instances().get(name, {})
     if snap.get("state") != "RUNNING" or not snap.get("pid"):
-        return {"ok": False, "why": f"{args.name} is not RUNNING: {snap}"}
-    pid = int(snap["pid"])
+        return f"{name} is not RUNNING: {snap}"
+    return int(snap["pid"])
+
+
+def kill_api(args: argparse.Namespace) -> dict[str, Any]:
+    pid = running_pid(args.name)
+    if isinstance(pid, str):
+        return {"ok": False, "why": pid}
     before = gpus()
     old = _gpu_pids(before)
     info = {"api_server": who(pid), "gpu_before": before, "gpu_procs_before": [who(p) for p in sorted(old)],
@@ -408,10 +415,9 @@ def kill_api(args: argparse.Namespace) -> dict[str, Any]:
 def kill_actor(args: argparse.Namespace) -> dict[str, Any]:
     """SIGKILL the Ray actor that holds the GPU (ray::RayWorkerProc…): the GPU worker dies, the
     API server and its EngineCore (the Ray driver) live on. Does the supervisor notice?"""
-    snap = instances().get(args.name, {})
-    if snap.get("state") != "RUNNING" or not snap.get("pid"):
-        return {"ok": False, "why": f"{args.name} is not RUNNING: {snap}"}
-    pid = int(snap["pid"])
+    pid = running_pid(args.name)
+    if isinstance(pid, str):
+        return {"ok": False, "why": pid}
     before = gpus()
     old = _gpu_pids(before)
     actors = [p for p in sorted(old) if cmdline(p).startswith("ray::")]
@@ -428,10 +434,9 @@ def kill_actor(args: argparse.Namespace) -> dict[str, Any]:
 def kill_group(args: argparse.Namespace) -> dict[str, Any]:
     """SIGKILL the API server's whole process group at once (its EngineCore, the Ray driver,
     included), as the OOM killer or `kill -9 -PGID` would: nothing gets to shut down."""
-    snap = instances().get(args.name, {})
-    if snap.get("state") != "RUNNING" or not snap.get("pid"):
-        return {"ok": False, "why": f"{args.name} is not RUNNING: {snap}"}
-    pid = int(snap["pid"])
+    pid = running_pid(args.name)
+    if isinstance(pid, str):
+        return {"ok": False, "why": pid}
     pgid = os.getpgid(pid)
     members = [int(d) for d in os.listdir("/proc") if d.isdigit() and _pgid(int(d)) == pgid]
     before = gpus()
@@ -452,10 +457,9 @@ def _pgid(pid: int) -> int:
 
 
 def kill_raylet(args: argparse.Namespace) -> dict[str, Any]:
-    snap = instances().get(args.name, {})
-    if snap.get("state") != "RUNNING" or not snap.get("pid"):
-        return {"ok": False, "why": f"{args.name} is not RUNNING: {snap}"}
-    pid = int(snap["pid"])
+    pid = running_pid(args.name)
+    if isinstance(pid, str):
+        return {"ok": False, "why": pid}
     before = gpus()
     old = _gpu_pids(before)
     # --node-ip "" takes any raylet (one node on one host)
