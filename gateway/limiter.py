@@ -12,10 +12,11 @@ the proxy's watcher, which takes it out of the queue here.
 
 Per request without queueing this costs one pick, two integer updates and a check of ``waiting``.
 
-With several workers the counts that the limits compare are the whole gateway's (shared.py): a
-worker writes its own counts to the shared table and compares each limit with the sum over the
-workers. A slot freed in another worker is not announced, so while this worker has waiters it
-looks again every ``SHARED_POLL_S``.
+With several workers the counts that the limits and the queue's capacity compare are the whole
+gateway's (shared.py): a worker writes its own counts to the shared table and compares each limit
+with the sum over the workers. Each worker hands slots to its own waiters, oldest first; a slot
+freed in another worker is not announced, so while this worker has waiters it looks again every
+``SHARED_POLL_S``.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.pool import BackendPool
 from gateway.routing import Hint
 from gateway.settings import GatewaySettings
-from gateway.shared import GATEWAY, SharedCounts, column_of
+from gateway.shared import GATEWAY, QUEUED, SharedCounts, column_of
 from gateway.state import BackendState
 
 QUEUE_FULL = "queue_full"
@@ -167,7 +168,7 @@ class Limiter:
         if q is None:
             q = self._queues[model] = deque()
         capacity = self.queue_per_replica * self.pool.replicas(model)
-        if len(q) >= capacity:
+        if self._queued(model, q) >= capacity:
             raise Rejected(QUEUE_FULL, f"every replica of '{model}' is busy and its queue of {capacity} is full")
         loop = asyncio.get_running_loop()
         queued_at = loop.time()
@@ -237,7 +238,14 @@ class Limiter:
                     break
         return best
 
+    def _queued(self, model: str, q: deque[_Waiter]) -> int:
+        """Requests waiting for ``model`` in the whole gateway."""
+        col = None if self.shared is None else self.shared.column(model)
+        return len(q) if col is None or self.shared is None else self.shared.total(col, QUEUED)
+
     def _depth(self, model: str, q: deque[_Waiter]) -> None:
+        if self.shared is not None and (col := self.shared.column(model)) is not None:
+            self.shared.set(col, len(q), QUEUED)
         self.metrics.queue_depth.labels(model).set(len(q))
         if self.on_queue is not None:
             self.on_queue(model, len(q))

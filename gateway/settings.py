@@ -60,7 +60,7 @@ class GatewaySettings(BaseSettings):
     eject_base_s: float = Field(5.0, gt=0, description="first ejection period; doubles for repeat ejections")
     eject_max_s: float = Field(300.0, gt=0, description="longest ejection period")
 
-    # Backpressure: with several workers the in-flight limits are shared, the queue divided (gateway/workers.py).
+    # Backpressure: with several workers the limits and the queue are the whole gateway's (gateway/shared.py).
     backend_max_concurrency: int | None = Field(
         None, ge=0, description="requests open to one backend at once; 0 = no limit; unset: the backend's own vLLM "
         "--max-num-seqs, which vllm-fleet up writes into the Infernet JSON (else no limit)")

@@ -1,21 +1,25 @@
-"""What the gateway's workers (``--workers N``) share: in-flight counts, so that the limits are the
-gateway's and not a worker's, and passive ejection, so that a failing backend leaves every
-worker's rotation after ``eject_failures`` failed requests in the gateway, not in each worker.
+"""What the gateway's workers (``--workers N``) share: in-flight and queued counts, so that the
+limits and the queue are the gateway's and not a worker's, and passive ejection, so that a failing
+backend leaves every worker's rotation after ``eject_failures`` failed requests in the gateway, not
+in each worker.
 
 Without them each worker held 1/N of every limit: with 4 workers behind vLLM's 256 sequences, a
 worker that the kernel handed more than 64 connections queued requests while the others had room
-(146 and 552 of 1,536 requests queued at 512 concurrent on an H200, issue 21).
+(146 and 552 of 1,536 requests queued at 512 concurrent on an H200, issue 21). A divided queue
+likewise answered 429 in a worker handed more waiters than its share while the others' places
+were free (CI, 16 requests against a limit of 8 and a queue of 16 over 4 workers).
 
 One file in the workers' private directory, mapped by every worker: planes of int64 cells (one per
-kind of count: ``IN_FLIGHT``, ``FAILURES``, ``EJECTED_UNTIL``), each a row per worker and a column
-per backend (column 0 of ``IN_FLIGHT``: the worker's requests in flight, for ``max_in_flight``). A
-worker writes only its own row, so the hot path takes no lock; a reader sums (or takes the largest
-of) a column over the rows. Two workers that look at the same moment may both take a backend's
-last slot, so a limit can be passed by at most N-1, the bound the divided limits had.
+kind of count: ``IN_FLIGHT``, ``FAILURES``, ``EJECTED_UNTIL``, ``QUEUED``), each a row per worker
+and a column per name (a backend's; for ``QUEUED`` a model's; column 0 of ``IN_FLIGHT``: the
+worker's requests in flight, for ``max_in_flight``). A worker writes only its own row, so the hot
+path takes no lock; a reader sums (or takes the largest of) a column over the rows. Two workers
+that look at the same moment may both take a backend's last slot (or a queue's last place), so a
+limit can be passed by at most N-1, the bound the divided limits had.
 
 A worker takes a row at start-up under ``flock``: a free one, or one whose worker is dead (uvicorn
-replaced it); it zeroes the row, since a dead worker's requests died with it. Backend names get
-their column the same way, the first time any worker asks, and keep it.
+replaced it); it zeroes the row, since a dead worker's requests died with it. Names get their
+column the same way, the first time any worker asks, and keep it.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Protocol
 
-COLUMNS = 1024  # column 0 and up to 1,023 backend names over the gateway's life
+COLUMNS = 1024  # column 0 and up to 1,023 backend and model names over the gateway's life
 NAME_BYTES = 128
 GATEWAY = 0  # the column of each worker's requests in flight
 FILE_NAME = "inflight.bin"
@@ -35,7 +39,8 @@ FILE_NAME = "inflight.bin"
 IN_FLIGHT = 0  # requests open to the backend
 FAILURES = 1  # failed requests in a row (ejection.py)
 EJECTED_UNTIL = 2  # the end of the backend's ejection, wall-clock milliseconds; 0 none
-PLANES = 3
+QUEUED = 3  # requests waiting in a model's queue (the column of the model's name; limiter.py)
+PLANES = 4
 
 
 def file_size(rows: int) -> int:
@@ -112,8 +117,8 @@ class SharedCounts:
             return row
 
     def column(self, name: str) -> int | None:
-        """The column of backend ``name`` (the same in every worker), or None when the table is full
-        or the name too long (the caller then counts that backend in this worker alone)."""
+        """The column of ``name`` (the same in every worker), or None when the table is full or the
+        name too long (the caller then counts that backend or model in this worker alone)."""
         col = self._columns.get(name)
         if col is not None:
             return col

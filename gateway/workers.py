@@ -5,12 +5,12 @@ worker that dies and stops them all on SIGTERM. A spawned worker cannot be hande
 so it builds its own from the config path, which the parent passes in ``FLEET_GATEWAY_CONFIG``.
 
 What the workers share, in a table each worker maps (shared.py): their in-flight counts, per
-backend and in all, so that ``backend_max_concurrency`` (or vLLM's ``max_num_seqs``) and
-``max_in_flight`` bound the whole gateway and no worker turns a request away while the gateway
-has room; and passive ejection (ejection.py). What each keeps to itself (docs/gateway.md,
-"Several workers"): its backend pool (least-in-flight balances its own requests), its health
-probes (each worker probes every backend), routing state, and its queue, which holds 1/N of
-``backend_queue``. Metrics are shared through
+backend and in all, and their queued counts per model, so that ``backend_max_concurrency`` (or
+vLLM's ``max_num_seqs``), ``max_in_flight`` and ``backend_queue`` bound the whole gateway and no
+worker turns a request away while the gateway has room; and passive ejection (ejection.py). What
+each keeps to itself (docs/gateway.md, "Several workers"): its backend pool (least-in-flight
+balances its own requests), its health probes (each worker probes every backend), routing state,
+and its waiters (a worker hands slots to its own, oldest first). Metrics are shared through
 prometheus_client's multiprocess files. Both live in a private directory that the parent creates
 before the workers start and removes when they are gone.
 """
@@ -24,22 +24,12 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 
-from gateway.settings import GatewaySettings
 from gateway.shared import SharedCounts, create
 
 CONFIG_ENV = "FLEET_GATEWAY_CONFIG"
 METRICS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 SHARED_ENV = "FLEET_SHARED_COUNTS"
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-
-
-def share(settings: GatewaySettings) -> GatewaySettings:
-    """One worker's settings: its queue holds ``backend_queue`` divided by the worker count,
-    rounded up. The in-flight limits stay whole: the limiter compares them with the shared counts."""
-    n = settings.workers
-    if n == 1:
-        return settings
-    return settings.model_copy(update={"backend_queue": -(-settings.backend_queue // n)})
 
 
 def shared_rows(workers: int) -> int:
@@ -77,7 +67,7 @@ def worker_app() -> object:
     from gateway.settings import load_settings
 
     cfg = load_gateway_config(os.environ[CONFIG_ENV])
-    settings = share(load_settings(cfg.settings))
+    settings = load_settings(cfg.settings)
     # A spawned worker starts with logging unconfigured; the gateway's own loggers need a handler.
     logging.basicConfig(level=settings.log_level.upper(), format=LOG_FORMAT)
     path = os.environ.get(SHARED_ENV)

@@ -14,11 +14,11 @@ import pytest
 from fleetspec.tiers import VramTier
 from gateway.backend import Backend, BackendSet
 from gateway.ejection import Ejector
-from gateway.limiter import MAX_IN_FLIGHT, Limiter, Rejected
+from gateway.limiter import MAX_IN_FLIGHT, QUEUE_FULL, Limiter, Rejected
 from gateway.metrics import GatewayMetrics
 from gateway.pool import BackendPool
 from gateway.settings import GatewaySettings
-from gateway.shared import FAILURES, GATEWAY, SharedCounts, column_of, create
+from gateway.shared import FAILURES, GATEWAY, QUEUED, SharedCounts, column_of, create
 from gateway.state import BackendState
 
 
@@ -82,11 +82,12 @@ def test_a_name_too_long_has_no_column(tmp_path: Path) -> None:
         v.close()
 
 
-def worker(shared: SharedCounts) -> tuple[Limiter, Backend]:
+def worker(shared: SharedCounts, queue: int = 512) -> tuple[Limiter, Backend]:
     """One worker's limiter over its own Backend object for the backend both see."""
     b = Backend("fake-1", "http://fake-1", VramTier.UNKNOWN, ["m"], ["m"])
     b.state = BackendState.HEALTHY
-    settings = GatewaySettings(workers=2, backend_max_concurrency=2, max_in_flight=3, queue_timeout_s=5)
+    settings = GatewaySettings(workers=2, backend_max_concurrency=2, max_in_flight=3, queue_timeout_s=5,
+                               backend_queue=queue)
     return Limiter(BackendPool(BackendSet([b]), None), settings, GatewayMetrics(), shared), b
 
 
@@ -111,6 +112,36 @@ async def test_two_workers_limiters_share_a_backends_slots_and_the_gateway_cap(t
         with pytest.raises(Rejected) as cap:
             lb.enter()  # 3 in the gateway, its cap, though this worker holds only 1
         assert cap.value.reason == MAX_IN_FLIGHT
+    finally:
+        sb.close()
+        sa.close()
+
+
+async def test_the_queue_is_the_gateways_whichever_worker_holds_the_waiters(tmp_path: Path) -> None:
+    """A queue of 3 places over 2 workers: one worker may hold all 3 waiters (a divided queue gave
+    it 2), and a fourth waiter is turned away in the other worker, which holds none."""
+    path = create(str(tmp_path), 2)
+    sa, sb = SharedCounts(path, 2, pid=os.getppid()), SharedCounts(path, 2)
+    try:
+        (la, a), (lb, _) = worker(sa, queue=3), worker(sb, queue=3)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 10
+        for _ in range(2):
+            assert await la.acquire("m", (), deadline) is a  # both slots
+        waiters = [asyncio.create_task(la.acquire("m", (), deadline)) for _ in range(3)]
+        await asyncio.sleep(0.05)
+        assert la.waiting == 3 and sb.total(sb.column("m") or 0, QUEUED) == 3
+        with pytest.raises(Rejected) as full:
+            await lb.acquire("m", (), deadline)
+        assert full.value.reason == QUEUE_FULL
+        for _ in range(2):
+            la.release(a)
+        assert [await asyncio.wait_for(w, 1) for w in waiters[:2]] == [a, a]  # oldest first
+        assert sb.total(sb.column("m") or 0, QUEUED) == 1
+        waiters[2].cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiters[2]
+        assert sb.total(sb.column("m") or 0, QUEUED) == 0 and lb.waiting == 0
     finally:
         sb.close()
         sa.close()

@@ -14,8 +14,6 @@ import pytest
 from prometheus_client.mmap_dict import MmapedDict
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.settings import GatewaySettings
-from gateway.workers import share
 from tests.support.procs import FakeVllm, Gateway, group_members, instances, pid_alive, stat_fields, wait_until
 from vllm_fleet.cli import main as cli
 
@@ -173,25 +171,20 @@ def test_bad_workers_exits_2_naming_the_key(tmp_path: Path, capsys: pytest.Captu
     assert key in err and "Traceback" not in err, err
 
 
-def test_only_the_queue_is_divided_among_workers() -> None:
-    s = share(GatewaySettings(workers=3, backend_max_concurrency=256, backend_queue=10, max_in_flight=4096))
-    assert (s.backend_max_concurrency, s.backend_queue, s.max_in_flight) == (256, 4, 4096)
-    one = GatewaySettings(backend_max_concurrency=7)
-    assert share(one) is one
-
-
 def queue_waits(gw: Gateway) -> float:
     return sum(v for k, v in scrape(gw).items() if k.startswith("fleet_queue_wait_seconds_count{"))
 
 
-def test_four_workers_hold_one_limit_together(tmp_path: Path) -> None:
-    """A backend limit of 8 with 4 workers: 8 requests at once all reach the backend without
-    queueing, however the kernel spreads the connections (with 1/4 of the limit per worker, a
-    worker handed 3 of them queued one); 16 at once never put more than 8 + 3 on it (two workers
-    may take the last slot at the same moment) and all are served."""
+def test_four_workers_hold_one_limit_and_one_queue_together(tmp_path: Path) -> None:
+    """A backend limit of 8 and a queue of 8 with 4 workers: 8 requests at once all reach the
+    backend without queueing, however the kernel spreads the connections (with 1/4 of the limit per
+    worker, a worker handed 3 of them queued one); 16 at once never put more than 8 + 3 on it (two
+    workers may take the last slot at the same moment) and all are served: the 5 to 8 that wait
+    fit in the gateway's 8 places whichever workers hold them (with 2 places per worker, as when
+    the queue was divided, a worker handed a third waiter answered 429)."""
     fake = FakeVllm(tmp_path, ["m1"], "--fake-latency", "1.0")
     gw = Gateway(tmp_path, instances(fake), args=["--workers", "4"],
-                 env={"FLEET_BACKEND_MAX_CONCURRENCY": "8", "FLEET_BACKEND_QUEUE": "16"})
+                 env={"FLEET_BACKEND_MAX_CONCURRENCY": "8", "FLEET_BACKEND_QUEUE": "8"})
     try:
         directory = metrics_dir_of(workers_of(gw.pid)[0])
         assert wait_until(lambda: len(workers_of(gw.pid)) == 4
