@@ -119,9 +119,9 @@ class Stream:
         relay: ClientRelay
         if self.counted and self.plan is not None and self.plan.migratable:
             self.transcript = Transcript(self.plan.chat)
-            relay = StreamRelay(self.send, self._first, self.transcript)
+            relay = StreamRelay(self.send, self._first, self.out.flight, self.transcript)
         else:
-            relay = ClientRelay(self.send, self._first)
+            relay = ClientRelay(self.send, self._first, self.out.flight)
         while True:
             if self.transcript is not None:
                 self.leg = leg
@@ -301,4 +301,4 @@ class Stream:
             s.metrics.splice_overhead.labels(model).observe(sent - broke)
             self._first()
 
-        return leg, SpliceRelay(self.send, spliced, Splice(t))
+        return leg, SpliceRelay(self.send, spliced, self.out.flight, Splice(t))

@@ -23,6 +23,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from gateway.inbound import Flight
 from gateway.migration import plan_for
 from gateway.relay import ClientRelay, StreamRelay
 from gateway.sse import Transcript
@@ -44,7 +45,7 @@ def _events(n: int) -> list[bytes]:
 def _plain(events: list[bytes], streams: int) -> float:
     t = time.perf_counter()
     for _ in range(streams):
-        relay = ClientRelay(_send, _noop)
+        relay = ClientRelay(_send, _noop, Flight())
         for e in events:
             relay(e)
     return time.perf_counter() - t
@@ -53,7 +54,7 @@ def _plain(events: list[bytes], streams: int) -> float:
 def _recorded(events: list[bytes], streams: int) -> float:
     t = time.perf_counter()
     for _ in range(streams):
-        relay = StreamRelay(_send, _noop, Transcript(True))
+        relay = StreamRelay(_send, _noop, Flight(), Transcript(True))
         for e in events:
             relay(e)
     return time.perf_counter() - t

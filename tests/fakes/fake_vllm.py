@@ -16,7 +16,8 @@ v1 merges deltas when its API server falls behind its engine), load_running / lo
 what /metrics reports, as if other clients used the server), validate (check the request
 fields as vLLM does and answer 400 for a bad one: ``max_tokens`` an integer in [1, 2048], ``n`` an
 integer in [1, 16], ``stream`` a boolean; ``fake_latency`` is then ignored, so fuzzed bodies can
-neither stall nor flood the fake).
+neither stall nor flood the fake), eof_delay (s between a stream's ``[DONE]`` and the end of its
+chunked body, which vLLM sends as a separate write).
 Per request: a body field ``fake_latency`` (s) replaces the latency knob for that request only, so
 one test can hold some requests open while others pass. ``POST /v1/echo_body`` answers with the
 exact bytes it received. ``GET /_fake/last_body`` is the last POST body (JSON) it was sent.
@@ -60,7 +61,7 @@ KNOBS: dict[str, Any] = {
     "latency": 0.0, "token_delay": 0.0, "tokens": 8, "status": 200, "hang": False,
     "health_status": 200, "drop_after": -1, "merge": 1, "validate": False,
     "load_running": 0, "load_waiting": 0, "load_kv": 0.0,
-    "sleep_delay": 0.0, "wake_delay": 0.0, "wake_fail": False,
+    "sleep_delay": 0.0, "wake_delay": 0.0, "wake_fail": False, "eof_delay": 0.0,
 }
 STATS = {"requests_total": 0, "in_flight": 0, "peak_in_flight": 0, "cancelled": 0, "completed": 0,
          "while_asleep": 0, "sleeps": 0, "wakes": 0}
@@ -304,6 +305,8 @@ class Fake:
         if (body.get("stream_options") or {}).get("include_usage"):
             await resp.write(events.usage(n))
         await resp.write(b"data: [DONE]\n\n")
+        if KNOBS["eof_delay"]:
+            await asyncio.sleep(KNOBS["eof_delay"])
         STATS["completed"] += 1
         await resp.write_eof()
         return resp

@@ -8,7 +8,7 @@ import pytest
 from tests.support.procs import FakeVllm, Gateway, Proc, instances
 
 DEFAULT_KNOBS = {"latency": 0.0, "token_delay": 0.0, "tokens": 8, "status": 200, "hang": False,
-                 "health_status": 200, "drop_after": -1, "merge": 1}
+                 "health_status": 200, "drop_after": -1, "merge": 1, "eof_delay": 0.0}
 
 
 @pytest.fixture(scope="module")

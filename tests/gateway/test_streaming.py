@@ -10,6 +10,7 @@ import time
 import httpx
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.procs import FakeVllm, Gateway, wait_until
 
@@ -82,6 +83,41 @@ def test_disconnect_before_headers_cancels_upstream(gateway: Gateway, fakes: lis
     assert fake.stats()["cancelled"] == before + 1
     metrics = httpx.get(gateway.url + "/metrics").text
     assert 'fleet_requests_total{backend="fake-' in metrics and 'code="499"' in metrics
+
+
+def _codes(gateway: Gateway, model: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(httpx.get(gateway.url + "/metrics").text):
+        for s in family.samples:
+            if s.name == "fleet_requests_total" and s.labels["model"] == model:
+                out[s.labels["code"]] = out.get(s.labels["code"], 0) + s.value
+    return out
+
+
+@pytest.mark.parametrize("migratable", [True, False])
+def test_a_client_that_closes_right_after_done_got_a_whole_answer(
+        gateway: Gateway, fakes: list[FakeVllm], migratable: bool) -> None:
+    """The openai SDK closes a stream as soon as it reads ``[DONE]``, which can be before vLLM's
+    chunked terminator arrives (a separate write): that is a complete answer (200, the upstream
+    left to finish), not a client that gave up (499, the upstream connection cancelled)."""
+    fake = fakes[2]
+    fake.configure(eof_delay=0.5)
+    before, cancelled = _codes(gateway, "m2"), fake.stats()["cancelled"]
+    body: dict[str, object] = {"model": "m2", "stream": True, "max_tokens": 3,
+                                "messages": [{"role": "user", "content": "hi"}]}
+    if not migratable:
+        body["n"] = 2  # relayed as it comes, not kept for a continuation (migration.py)
+    s = _raw_request(gateway.port, body)
+    seen = b""
+    while b"data: [DONE]" not in seen:
+        chunk = s.recv(65536)
+        assert chunk, seen
+        seen += chunk
+    s.close()
+    assert wait_until(lambda: sum(_codes(gateway, "m2").values()) == sum(before.values()) + 1, timeout=5)
+    after = _codes(gateway, "m2")
+    assert after.get("200", 0) == before.get("200", 0) + 1 and after.get("499", 0) == before.get("499", 0), after
+    assert fake.stats()["cancelled"] == cancelled
 
 
 def test_ttfb_and_duration_are_measured(gateway: Gateway) -> None:
