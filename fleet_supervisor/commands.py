@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 
 from fleet_supervisor.fleet import run_fleet
+from fleet_supervisor.gateway_child import ADMIN_KEY_FILE
 from fleet_supervisor.leftovers import settle
 from fleet_supervisor.plan import describe, infernet_for, make_plan
 from fleetspec.errors import ConfigError
@@ -93,7 +94,7 @@ def admin_key_for(given: str | None, state_dir: str) -> str | None:
     if os.environ.get("FLEET_ADMIN_KEY"):
         return os.environ["FLEET_ADMIN_KEY"]
     try:
-        return (Path(state_dir) / "admin.key").read_text(encoding="ascii").strip() or None
+        return (Path(state_dir) / ADMIN_KEY_FILE).read_text(encoding="ascii").strip() or None
     except OSError:
         return None
 

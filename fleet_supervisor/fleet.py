@@ -10,36 +10,31 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
-import os
 import secrets
 import signal
 import sys
-import time
-from pathlib import Path
 from typing import Any, TextIO, cast
 from urllib.parse import urlsplit
 
 import aiohttp
 
-from fleet_supervisor.command import LaunchSpec, gateway_address, probe_host
+from fleet_supervisor.command import LaunchSpec, gateway_address
 from fleet_supervisor.endpoint import Endpoint
+from fleet_supervisor.gateway_child import gateway_spec, gateway_supervision
 from fleet_supervisor.hub import ControlHub
 from fleet_supervisor.instance import InstanceSupervisor
 from fleet_supervisor.logbook import LogBook
 from fleet_supervisor.metrics import FleetMetrics
 from fleet_supervisor.plan import Plan, make_plan, write_infernet
 from fleet_supervisor.process import become_subreaper
+from fleet_supervisor.progress import Progress
 from fleet_supervisor.reload import Diff, Reloader, diff
 from fleet_supervisor.runfile import Launched, Recorder, state_path
 from fleet_supervisor.state import State
 from fleet_supervisor.swap import Swapper
-from fleetspec import control
 from fleetspec.errors import ConfigError
 from fleetspec.fleetfile import Instance, load_fleet
 from fleetspec.gpus import discover_gpus
-
-_GATEWAY_STARTUP_S = 120.0  # the gateway needs no model; a long deadline would only hide a hang
 
 
 class Fleet:
@@ -53,8 +48,7 @@ class Fleet:
         self.gateway: InstanceSupervisor | None = None
         self.metrics = FleetMetrics([s.name for s in plan.instances] + [plan.gateway.name])
         self.endpoint: Endpoint | None = None
-        self._started = time.monotonic()
-        self._ready_said = False
+        self.progress = Progress(self.children, self._say)
         sup = plan.fleet.supervisor
         # The control channel (docs/architecture.md §3) lives on the supervisor's endpoint; its token
         # is new for every run and reaches only the gateway child, through its environment.
@@ -114,7 +108,6 @@ class Fleet:
         become_subreaper()
         path = write_infernet(plan)
         self._say(f"wrote {path} ({len(plan.instances)} instances, node tier {plan.infernet['vram_tier']})")
-        gw_cfg = sup.model_copy(update={"startup_timeout_s": min(sup.startup_timeout_s, _GATEWAY_STARTUP_S)})
         host, port = gateway_address(plan.fleet, plan.gateway.env)
         # The state file lets the next `up` find our children if we are SIGKILLed (leftovers.py);
         # written before the first spawn, so that a second `up` of this fleet sees this one.
@@ -128,8 +121,9 @@ class Fleet:
                     InstanceSupervisor(spec, sup, session, url=inst.url, metrics=self.metrics, console=self.console)
                     for spec, inst in zip(plan.instances, plan.fleet.instances, strict=True)
                 ]
-                self.gateway = InstanceSupervisor(self._gateway_spec(), gw_cfg, session, url=f"http://{host}:{port}",
-                                                  metrics=self.metrics, console=self.console)
+                self.gateway = InstanceSupervisor(gateway_spec(plan, self.hub), gateway_supervision(sup), session,
+                                                  url=f"http://{host}:{port}", metrics=self.metrics,
+                                                  console=self.console)
                 self.swapper = Swapper(self.instances, plan.fleet.swap, self.hub, self.metrics)
                 for child in self.children():
                     child.on_transition = self._observer(child)
@@ -180,7 +174,8 @@ class Fleet:
         for c in self.instances:
             self._launch(c)
         gw_task = asyncio.create_task(gateway.run(gw_stop), name="gateway")
-        progress = asyncio.create_task(self._progress(), name="progress")
+        progress = asyncio.create_task(self.progress.run(self.plan.fleet.supervisor.progress_interval_s),
+                                       name="progress")
         swapping = asyncio.create_task(self.swapper.run(), name="swap") if self.swapper else None
         try:
             await self.stop.wait()
@@ -274,19 +269,6 @@ class Fleet:
         task.add_done_callback(self._reloads.discard)
         return d
 
-    def _gateway_spec(self) -> Any:
-        """The gateway's launch spec, with the control channel's address and token when there is one,
-        and an admin key (FLEET_ADMIN_KEYS wins; else .fleet/admin.key, made once, readable by its owner)."""
-        spec = self.plan.gateway
-        sup = self.plan.fleet.supervisor
-        extra: dict[str, str] = {}
-        if "FLEET_ADMIN_KEYS" not in spec.env:
-            extra["FLEET_ADMIN_KEYS"] = admin_key(Path(sup.state_dir))
-        if self.hub is not None:
-            extra[control.URL_ENV] = f"http://{probe_host(sup.metrics_host)}:{sup.metrics_port}"
-            extra[control.TOKEN_ENV] = self.hub.token
-        return dataclasses.replace(spec, env={**spec.env, **extra})
-
     def instance_states(self) -> list[dict[str, Any]]:
         """What the control channel tells the gateways (fleetspec/control.py)."""
         return [{"name": i.name, "state": i.state.value, "epoch": i.epoch, "url": i.url or "", "models": i.models,
@@ -295,7 +277,7 @@ class Fleet:
 
     async def command(self, name: str, action: str) -> str:
         """An admin command from a gateway (control channel): ask the instance's loop."""
-        inst = next((i for i in self.instances if i.name == name), None)
+        inst = self.find(name)
         if inst is None:
             raise LookupError(f"no instance named '{name}' (instances: {', '.join(i.name for i in self.instances)})")
         if action == "restart":
@@ -316,46 +298,8 @@ class Fleet:
                     self.swapper.transition(child, old, new)
                 if self.hub is not None:
                     self.hub.broadcast()
-            self._on_transition(old, new)
+            self.progress.transition(new, len(self.instances), self.gateway.url if self.gateway else None)
         return observe
-
-    def _on_transition(self, _old: State, new: State) -> None:
-        """Say "ready" the moment every child is first up (RUNNING, or asleep where it may sleep)."""
-        def up(c: InstanceSupervisor) -> bool:
-            return c.state is State.RUNNING or (c.sleep_cfg is not None and c.state is State.SLEEPING)
-
-        if new in (State.RUNNING, State.SLEEPING) and not self._ready_said and all(up(c) for c in self.children()):
-            self._ready_said = True
-            gw = self.gateway.url if self.gateway else "?"
-            self._say(f"ready in {time.monotonic() - self._started:.1f}s: {len(self.instances)} instances "
-                      f"behind the gateway at {gw}")
-
-    async def _progress(self) -> None:
-        """While anything loads or waits to restart, one line every progress_interval_s."""
-        interval = self.plan.fleet.supervisor.progress_interval_s
-        while True:
-            await asyncio.sleep(interval)
-            children = self.children()
-            if any(c.state in (State.STARTING, State.BACKOFF) for c in children):
-                self._say("loading: " + ", ".join(f"{c.name} {c.state.value} {c.elapsed():.0f}s" for c in children))
-
-
-ADMIN_KEY_FILE = "admin.key"
-
-
-def admin_key(state_dir: Path) -> str:
-    """The fleet's admin key: read from ``state_dir/admin.key``, or made there (mode 0600)."""
-    path = state_dir / ADMIN_KEY_FILE
-    with contextlib.suppress(OSError):
-        key = path.read_text(encoding="ascii").strip()
-        if key:
-            return key
-    state_dir.mkdir(parents=True, exist_ok=True)
-    key = secrets.token_urlsafe(24)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="ascii") as f:
-        f.write(key + "\n")
-    return key
 
 
 async def run_fleet(plan: Plan, console: TextIO | None = None, install_signals: bool = True) -> int:
