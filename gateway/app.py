@@ -68,7 +68,7 @@ class FleetGateway:
         self.auth = KeyCheck(settings.keys(), settings.public_models, settings.protect_metrics, settings.admin(),
                              console=settings.console)
         self.console = Console(settings, self.backends, self.pool, self.metrics.activity, self.auth,
-                               self.link) if settings.console else None
+                               self.link, self.limiter.count) if settings.console else None
         self.api = self._build_api()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -173,7 +173,8 @@ class FleetGateway:
         @api.get("/fleet", summary="Node VRAM tier and the state of every backend")
         async def fleet() -> dict[str, Any]:
             return {"vram_tier": pool.node_tier().value, "ready": pool.ready(),
-                    "models": pool.served_models(), "backends": [b.describe() for b in self.backends],
+                    "models": pool.served_models(),
+                    "backends": [b.describe(self.limiter.count(b)) for b in self.backends],
                     "routing": pool.routing(),
                     "supervisor": None if self.link is None else {"connected": self.link.connected}}
 

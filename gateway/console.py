@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from importlib import resources
 from typing import Any
 
@@ -26,7 +27,7 @@ from fastapi.responses import JSONResponse
 from fleetspec.infernet import BackendSpec, render_infernet
 from gateway.activity import Activity
 from gateway.auth import KeyCheck
-from gateway.backend import BackendSet
+from gateway.backend import Backend, BackendSet
 from gateway.control import SupervisorLink
 from gateway.pool import BackendPool
 from gateway.settings import GatewaySettings
@@ -90,9 +91,10 @@ class Console:
     """A reader of the gateway's parts (app.py builds it), never a writer of any."""
 
     def __init__(self, settings: GatewaySettings, backends: BackendSet, pool: BackendPool, activity: Activity,
-                 auth: KeyCheck, link: SupervisorLink | None) -> None:
+                 auth: KeyCheck, link: SupervisorLink | None, count: Callable[[Backend], int]) -> None:
         self.settings, self.backends, self.pool, self.activity, self.auth, self.link = (
             settings, backends, pool, activity, auth, link)
+        self.count = count  # requests open to a backend from the whole gateway (every worker)
         self.static = _load_static()
         s = settings
         self.reader = (SupervisorReader(s.supervisor_url, s.control_token)
@@ -116,7 +118,7 @@ class Console:
         for m in pool.served_models():
             reps = self.backends.replicas(m)
             models.append({"model": m, "replicas": len(reps), "healthy": sum(b.healthy for b in reps),
-                           "in_flight": sum(b.in_flight for b in reps), "backends": [b.name for b in reps]})
+                           "in_flight": sum(map(self.count, reps)), "backends": [b.name for b in reps]})
         specs = [BackendSpec(b.name, b.url, list(b.models), b.vram_tier, b.max_num_seqs) for b in backends]
         instances = gpus = None
         if self.reader is not None:
@@ -125,7 +127,7 @@ class Console:
             gpus = got_g.get("gpus") if isinstance(got_g, dict) else None
         return {
             "time": time.time(), "vram_tier": pool.node_tier().value, "ready": pool.ready(),
-            "backends": [b.describe() for b in backends], "models": models,
+            "backends": [b.describe(self.count(b)) for b in backends], "models": models,
             "series": self.activity.series(), "infernet": render_infernet(specs, pool.node_tier()),
             "supervisor": None if link is None else {"connected": link.connected, "instances": instances,
                                                      "gpus": gpus},

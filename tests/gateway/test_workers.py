@@ -197,6 +197,14 @@ def test_four_workers_hold_one_limit_and_one_queue_together(tmp_path: Path) -> N
             assert list(ex.map(one, range(8))) == [200] * 8
             assert fake.stats()["peak_in_flight"] == 8
             assert queue_waits(gw) == 0
+            # While 8 are open (for 10 s each), /fleet says 8 whichever worker answers.
+            slow = BODY.replace(b'"max_tokens": 4', b'"max_tokens": 4, "fake_latency": 10')
+            running = [ex.submit(lambda: httpx.post(gw.url + "/v1/chat/completions", content=slow, headers=HEADERS,
+                                                    timeout=30).status_code) for _ in range(8)]
+            assert wait_until(lambda: fake.stats()["in_flight"] == 8, 5)
+            seen = {httpx.get(gw.url + "/fleet", timeout=5).json()["backends"][0]["in_flight"] for _ in range(8)}
+            assert seen == {8}, seen
+            assert [f.result() for f in running] == [200] * 8
             assert list(ex.map(one, range(16))) == [200] * 16
         assert 8 <= fake.stats()["peak_in_flight"] <= 8 + 3
         assert queue_waits(gw) >= 16 - (8 + 3)
