@@ -33,35 +33,7 @@ fi
 exec > >(tee -a "$W/calls.log" "$O/call.log") 2>&1
 START=$(date +%s)
 LIMIT=${LIMIT:-570}
-left() { echo $((LIMIT - ($(date +%s) - START))); }
-say() { echo "[$(date +%H:%M:%S) +$(( $(date +%s) - START ))s] $*"; }
-done_() { [ -e "$W/done.$1" ]; }
-mark() { touch "$W/done.$1"; say "step $1 done"; }
-fits() {
-  done_ "$1" && return 1
-  if [ "$(left)" -lt "$2" ]; then say "step $1 needs ${2}s, $(left)s left: next call"; exit_call; fi
-  say "== step $1"
-}
-exit_call() {
-  tar czf "$O/$(basename "$W").tgz" -C "$(dirname "$W")" "$(basename "$W")" 2>/dev/null
-  if [ -d /tmp/ray/session_latest/logs ]; then
-    tar czf "$O/ray-logs.tgz" -C /tmp/ray/session_latest --exclude='*.jsonl' logs 2>/dev/null
-    [ "$(stat -c %s "$O/ray-logs.tgz")" -gt 15000000 ] && rm -f "$O/ray-logs.tgz"
-  fi
-  say "call ends; steps done: $(cd "$W" && ls done.* 2>/dev/null | sed 's/done.//' | tr '\n' ' ')"
-  exit 0
-}
-smi() { nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv; \
-        nvidia-smi --query-gpu=index,memory.used,memory.total --format=csv; }
-ray_status() {
-  timeout 60 $RAY status --address 127.0.0.1:6379 2>&1
-  echo "## ray.nodes()"
-  timeout 60 python3 -c "
-import ray; ray.init(address='127.0.0.1:6379', logging_level='ERROR')
-for n in ray.nodes():
-    print(n['NodeManagerAddress'], 'alive' if n['Alive'] else 'dead', {k: v for k, v in n['Resources'].items() if k in ('GPU', 'CPU')})
-print('available:', {k: v for k, v in ray.available_resources().items() if k in ('GPU', 'CPU')})" 2>&1 | grep -v '^20..-'
-}
+. bench/gpu/ray_steps.sh
 fleet_up() {  # fleet_up TAG: `vllm-fleet up` on $W/fleet-TAG.yaml (setsid), wait until it serves
   local tag=$1
   python3 -m vllm_fleet.cli check -c "$W/fleet-$tag.yaml" >"$W/check-$tag.txt" 2>&1
@@ -81,28 +53,6 @@ fleet_stop() {  # SIGTERM to `up`, wait for it to end; keep the instance's log
   say "fleet (up pid $pid) ended $(awk "BEGIN{print $(date +%s.%N) - $t0}") s after SIGTERM" | tee "$W/stop-$tag.txt"
   cp "$W/logs/tiny.log" "$W/tiny-$tag.log" 2>/dev/null; cp "$W/logs/gateway.log" "$W/gateway-$tag.log" 2>/dev/null
   rm -f "$W/up.pid" "$W/running"
-}
-owners() {  # who holds the GPU, and whose child it is
-  for p in $(nvidia-smi --query-compute-apps=pid --format=csv,noheader); do
-    local pp; pp=$(ps -o ppid= -p "$p" | tr -d ' ')
-    echo "$p $(tr '\0' ' ' </proc/"$p"/cmdline 2>/dev/null | cut -c1-100) (parent $pp: $(ps -o args= -p "$pp" | cut -c1-100))"
-  done
-}
-show() {  # show TAG: chat through the gateway (curl and ray_measure), ray status, GPU owners
-  local tag=$1
-  { echo "## non-streaming"; curl -s -m 60 http://127.0.0.1:8080/v1/chat/completions -H 'content-type: application/json' \
-      -d '{"model": "tiny", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 16}'
-    echo; echo "## streaming"; curl -sN -m 60 http://127.0.0.1:8080/v1/chat/completions -H 'content-type: application/json' \
-      -d '{"model": "tiny", "stream": true, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8}'
-  } >"$W/curl-$tag.txt" 2>&1
-  head -c 700 "$W/curl-$tag.txt"; echo
-  $M chat --model tiny --json "$W/chat-$tag.json"
-  [ "$tag" = mp ] || { ray_status >"$W/ray-status-$tag.txt"; cat "$W/ray-status-$tag.txt"; }
-  smi >"$W/nvidia-smi-$tag.txt"; cat "$W/nvidia-smi-$tag.txt"
-  curl -s http://127.0.0.1:9400/instances >"$W/instances-$tag.json"
-  ps -eo pid,ppid,pgid,rss,args --sort=pid | grep -E 'ray::|raylet|gcs_server|vllm|EngineCore|api_server|gateway' \
-    | grep -v grep | cut -c1-220 >"$W/ps-$tag.txt"
-  owners >"$W/gpu-owners-$tag.txt"; cat "$W/gpu-owners-$tag.txt"
 }
 
 say "call starts, $(left)s to use"

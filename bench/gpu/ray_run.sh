@@ -47,32 +47,7 @@ fi
 exec > >(tee -a "$W/calls.log" "$O/call.log") 2>&1
 START=$(date +%s)
 LIMIT=${LIMIT:-570}
-left() { echo $((LIMIT - ($(date +%s) - START))); }
-say() { echo "[$(date +%H:%M:%S) +$(( $(date +%s) - START ))s] $*"; }
-done_() { [ -e "$W/done.$1" ]; }
-mark() { touch "$W/done.$1"; say "step $1 done"; }
-fits() {  # fits STEP SECONDS: not done yet, and that many seconds are left in this call
-  done_ "$1" && return 1
-  if [ "$(left)" -lt "$2" ]; then say "step $1 needs ${2}s, $(left)s left: next call"; exit_call; fi
-  say "== step $1"
-}
-exit_call() {
-  tar czf "$O/ray-run.tgz" -C /tmp ray-run 2>/dev/null
-  [ -d /tmp/ray/session_latest/logs ] && tar czf "$O/ray-logs.tgz" -C /tmp/ray/session_latest logs 2>/dev/null
-  say "call ends; steps done: $(cd "$W" && ls done.* 2>/dev/null | sed 's/done.//' | tr '\n' ' ')"
-  exit 0
-}
-smi() { nvidia-smi --query-compute-apps=pid,used_memory,gpu_uuid --format=csv; \
-        nvidia-smi --query-gpu=index,uuid,memory.used --format=csv; }
-ray_status() {  # `ray status`, then the GCS's own list of nodes (in case the former needs the dashboard)
-  timeout 60 $RAY status --address 127.0.0.1:6379 2>&1
-  echo "## ray.nodes()"
-  timeout 60 python3 -c "
-import ray; ray.init(address='127.0.0.1:6379', logging_level='ERROR')
-for n in ray.nodes():
-    print(n['NodeManagerAddress'], 'alive' if n['Alive'] else 'dead', {k: v for k, v in n['Resources'].items() if k in ('GPU', 'CPU')})
-print('available:', {k: v for k, v in ray.available_resources().items() if k in ('GPU', 'CPU')})" 2>&1 | grep -v '^20..-'
-}
+. bench/gpu/ray_steps.sh
 nodes() {  # alive Ray nodes, as the GCS lists them
   local n
   n=$(python3 -c "import ray; ray.init(address='127.0.0.1:6379', logging_level='ERROR'); print(sum(n['Alive'] for n in ray.nodes()))" 2>/dev/null | tail -1)
@@ -98,24 +73,6 @@ fleet_stop() {  # SIGTERM to `up`, wait for it to end
   local pid; pid=$(cat "$W/up.pid"); kill -TERM "$pid" 2>/dev/null
   local t=0; while [ -e "/proc/$pid" ] && [ $t -lt 90 ]; do sleep 1; t=$((t+1)); done
   say "fleet (up pid $pid) stopped after ${t}s"; rm -f "$W/up.pid" "$W/running"
-}
-show() {  # show TAG: chat through the gateway with curl (non-stream, stream), ray status, GPUs
-  local tag=$1
-  { echo "## non-streaming"; curl -s -m 60 http://127.0.0.1:8080/v1/chat/completions -H 'content-type: application/json' \
-      -d '{"model": "tiny", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 16}'
-    echo; echo "## streaming"; curl -sN -m 60 http://127.0.0.1:8080/v1/chat/completions -H 'content-type: application/json' \
-      -d '{"model": "tiny", "stream": true, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8}'
-  } >"$W/curl-$tag.txt" 2>&1
-  head -c 600 "$W/curl-$tag.txt"; echo
-  $M chat --model tiny --json "$W/chat-$tag.json"
-  ray_status >"$W/ray-status-$tag.txt"; cat "$W/ray-status-$tag.txt"
-  smi >"$W/nvidia-smi-$tag.txt"; cat "$W/nvidia-smi-$tag.txt"
-  curl -s http://127.0.0.1:9400/instances >"$W/instances-$tag.json"
-  ps -eo pid,ppid,pgid,rss,args --sort=pid | grep -E 'ray::|raylet|gcs_server|vllm|EngineCore|api_server' \
-    | grep -v grep | cut -c1-220 >"$W/ps-$tag.txt"
-  for p in $(nvidia-smi --query-compute-apps=pid --format=csv,noheader); do
-    echo "$p $(tr '\0' ' ' </proc/"$p"/cmdline 2>/dev/null | cut -c1-100) (parent: $(ps -o args= -p "$(ps -o ppid= -p "$p")" | cut -c1-100))"
-  done >"$W/gpu-owners-$tag.txt"; cat "$W/gpu-owners-$tag.txt"
 }
 
 say "call starts, $(left)s to use"
