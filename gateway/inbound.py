@@ -9,7 +9,7 @@ import itertools
 import json
 import os
 import re
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from starlette.types import Message, Receive, Scope
@@ -55,10 +55,12 @@ class Flight:
     waits on, not a task of its own: same guarantee (a disconnect cancels the request's task in
     every phase), without a task's creation and steps per request."""
 
-    __slots__ = ("_coro", "_receive", "_task", "done", "gone", "sse", "started")
+    __slots__ = ("_coro", "_receive", "_task", "answered", "done", "gone", "sse", "started")
 
     def __init__(self) -> None:
         self.done = False  # the response is complete: a disconnect now is no longer a cancel
+        # Whether the client already has the whole answer (a streamed body's [DONE]; relay.py).
+        self.answered: Callable[[], bool] | None = None
         self.gone = False  # the client disconnected and the request was cancelled for it
         self.started = False  # response headers went to the client: no status can change now
         self.sse = False
@@ -87,7 +89,11 @@ class Flight:
         except StopIteration as e:
             self._coro = None
             if e.value["type"] == "http.disconnect":
-                if not self.done and self._task is not None:
+                if self.done or self._task is None:
+                    pass
+                elif self.answered is not None and self.answered():
+                    self.done = True  # the rest is the upstream's end of body: let it finish
+                else:
                     self.gone = True
                     self._task.cancel()
             elif self._task is not None and self._receive is not None:

@@ -9,10 +9,12 @@ and the request's task finishes it with ``drain()``, awaiting what the coroutine
 task would. Nothing is assumed about the server beyond ASGI: any ``send`` works, at worst on the
 slow path.
 
-A chunk that ends with ``data: [DONE]`` gives the client the whole answer: from then on the request
-is complete (``Flight.done``), so a client that closes at once, as the openai SDK does, before the
-upstream's chunked terminator arrives, is not a cancel (counted 499, the upstream connection
-thrown away) but a 200 whose connection goes back to the pool.
+A relay keeps the last chunk it sent: when the client disconnects, ``answered()`` says whether
+that chunk ended with ``data: [DONE]``, the whole answer. Then the disconnect is not a cancel
+(inbound.Flight): a client that closes at once, as the openai SDK does, before the upstream's
+chunked terminator arrives, gets a 200 whose upstream connection goes back to the pool, not a 499
+with the upstream thrown away. Keeping the chunk costs one store per chunk; looking at it costs
+only on a disconnect.
 
 Two variants serve streams that can continue on another replica (stream.py): ``StreamRelay`` sends
 only whole SSE events and keeps what it sent in the stream's transcript (sse.py; an append per
@@ -27,7 +29,6 @@ from typing import Any
 
 from starlette.types import Send
 
-from gateway.inbound import Flight
 from gateway.sse import COMPACT_BYTES, Splice, Transcript, event_end
 
 _Step = Coroutine[Any, Any, None]
@@ -37,11 +38,11 @@ _DONE = b"data: [DONE]\n\n"
 class ClientRelay:
     """The sink for one response's body (connection.Sink), and its slow path."""
 
-    __slots__ = ("_first", "_flight", "_pending", "_send", "error", "on_first")
+    __slots__ = ("_first", "_last", "_pending", "_send", "error", "on_first")
 
-    def __init__(self, send: Send, on_first: Callable[[], None], flight: Flight) -> None:
+    def __init__(self, send: Send, on_first: Callable[[], None]) -> None:
         self._send = send
-        self._flight = flight
+        self._last = b""
         self._first = True
         self._pending: tuple[_Step, Any] | None = None
         self.error: BaseException | None = None  # raised by the server's send; re-raised by drain()
@@ -53,8 +54,7 @@ class ClientRelay:
             self.on_first()
         if self.error is not None:
             return False
-        if chunk.endswith(_DONE):
-            self._flight.done = True
+        self._last = chunk
         coro: _Step = self._send({"type": "http.response.body", "body": chunk, "more_body": True})  # type: ignore[assignment]
         try:
             yielded = coro.send(None)
@@ -65,6 +65,10 @@ class ClientRelay:
             return False
         self._pending = (coro, yielded)
         return False
+
+    def answered(self) -> bool:
+        """The client has the whole answer: the last chunk sent ended the stream with ``[DONE]``."""
+        return self._last.endswith(_DONE)
 
     @property
     def started(self) -> bool:
@@ -96,8 +100,8 @@ class StreamRelay(ClientRelay):
 
     __slots__ = ("_kept", "_size", "_tail", "transcript")
 
-    def __init__(self, send: Send, on_first: Callable[[], None], flight: Flight, transcript: Transcript) -> None:
-        super().__init__(send, on_first, flight)
+    def __init__(self, send: Send, on_first: Callable[[], None], transcript: Transcript) -> None:
+        super().__init__(send, on_first)
         self.transcript = transcript
         self._kept = transcript.kept
         self._size = 0  # bytes kept since the last compaction
@@ -118,8 +122,7 @@ class StreamRelay(ClientRelay):
             self.on_first()
         if self.error is not None:
             return False
-        if chunk.endswith(_DONE):
-            self._flight.done = True
+        self._last = chunk
         coro: _Step = self._send({"type": "http.response.body", "body": chunk, "more_body": True})  # type: ignore[assignment]
         try:
             yielded = coro.send(None)
@@ -150,8 +153,8 @@ class SpliceRelay(ClientRelay):
 
     __slots__ = ("splice",)
 
-    def __init__(self, send: Send, on_first: Callable[[], None], flight: Flight, splice: Splice) -> None:
-        super().__init__(send, on_first, flight)
+    def __init__(self, send: Send, on_first: Callable[[], None], splice: Splice) -> None:
+        super().__init__(send, on_first)
         self.splice = splice
 
     def __call__(self, chunk: bytes) -> bool:

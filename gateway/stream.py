@@ -119,9 +119,9 @@ class Stream:
         relay: ClientRelay
         if self.counted and self.plan is not None and self.plan.migratable:
             self.transcript = Transcript(self.plan.chat)
-            relay = StreamRelay(self.send, self._first, self.out.flight, self.transcript)
+            relay = StreamRelay(self.send, self._first, self.transcript)
         else:
-            relay = ClientRelay(self.send, self._first, self.out.flight)
+            relay = ClientRelay(self.send, self._first)
         while True:
             if self.transcript is not None:
                 self.leg = leg
@@ -150,6 +150,7 @@ class Stream:
     async def _pump(self, leg: Leg, relay: ClientRelay) -> None:
         conn, idle_s = leg.conn, self.streams.settings.idle_timeout_s
         conn.attach(relay)
+        self.out.flight.answered = relay.answered
         while not await conn.body_end(idle_s, self.deadline):
             # The client is slow: finish its pending write, then let the upstream go on.
             async with asyncio.timeout_at(self.deadline):
@@ -301,4 +302,4 @@ class Stream:
             s.metrics.splice_overhead.labels(model).observe(sent - broke)
             self._first()
 
-        return leg, SpliceRelay(self.send, spliced, self.out.flight, Splice(t))
+        return leg, SpliceRelay(self.send, spliced, Splice(t))

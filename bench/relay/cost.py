@@ -23,7 +23,6 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from gateway.inbound import Flight
 from gateway.migration import plan_for
 from gateway.relay import ClientRelay, StreamRelay
 from gateway.sse import Transcript
@@ -45,7 +44,7 @@ def _events(n: int) -> list[bytes]:
 def _plain(events: list[bytes], streams: int) -> float:
     t = time.perf_counter()
     for _ in range(streams):
-        relay = ClientRelay(_send, _noop, Flight())
+        relay = ClientRelay(_send, _noop)
         for e in events:
             relay(e)
     return time.perf_counter() - t
@@ -54,7 +53,7 @@ def _plain(events: list[bytes], streams: int) -> float:
 def _recorded(events: list[bytes], streams: int) -> float:
     t = time.perf_counter()
     for _ in range(streams):
-        relay = StreamRelay(_send, _noop, Flight(), Transcript(True))
+        relay = StreamRelay(_send, _noop, Transcript(True))
         for e in events:
             relay(e)
     return time.perf_counter() - t

@@ -10,7 +10,6 @@ from typing import Any
 import pytest
 
 from gateway import migration, sse
-from gateway.inbound import Flight
 from gateway.relay import StreamRelay
 from gateway.sse import COMPACT_BYTES, Splice, Transcript, split_events
 
@@ -69,7 +68,7 @@ async def test_relay_sends_whole_events_and_keeps_them() -> None:
         sent.append(message["body"])
 
     t = Transcript(True)
-    relay = StreamRelay(send, lambda: None, Flight(), t)
+    relay = StreamRelay(send, lambda: None, t)
     first, second = chat({"content": "a"}), chat({"content": "b"})
     assert relay(first + second[:10])  # an event cut by a read: its start is held back
     assert sent == [first] and t.kept == [first]
@@ -83,7 +82,7 @@ async def test_relay_compacts_what_it_kept_past_the_bound() -> None:
         pass
 
     t = Transcript(True)
-    relay = StreamRelay(send, lambda: None, Flight(), t)
+    relay = StreamRelay(send, lambda: None, t)
     one = chat({"content": "x" * 100})
     n = COMPACT_BYTES // len(one) + 2
     for _ in range(n):
