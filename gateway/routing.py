@@ -31,7 +31,7 @@ from typing import Any
 from fleetspec.policies import Policy
 from gateway.backend import Backend
 from gateway.load import load_estimate, load_score
-from gateway.prefix import BLOCK_CHARS, HashRing, PrefixIndex, block_hashes, prompt_text
+from gateway.prefix import BLOCK_CHARS, HashRing, PrefixIndex, block_hashes, prompt_parts, prompt_text
 
 # Reasons, the metric's label values.
 BALANCED = "balanced"  # the policy's load (or turn) based choice
@@ -48,7 +48,7 @@ class Hint:
 
     session: str | None
     blocks: list[int]
-    opening: str = ""  # several workers: the chat's opening (prefix.prompt_text), its ring key
+    opening: str = ""  # several workers: the chat's opening (prefix.prompt_parts), its ring key
     opening_blocks: int = 0  # how many of ``blocks`` the opening fills
 
 
@@ -58,11 +58,10 @@ def hint_for(doc: dict[str, Any], session: str | None, workers: int = 1) -> Hint
         session = user if isinstance(user, str) and user else None
     if session:
         return Hint(session, [])
-    blocks = block_hashes(prompt_text(doc))
     if workers == 1:
-        return Hint(None, blocks)
-    opening = prompt_text(doc, opening=True)
-    return Hint(None, blocks, opening, len(opening) // BLOCK_CHARS)
+        return Hint(None, block_hashes(prompt_text(doc)))
+    text, n = prompt_parts(doc)
+    return Hint(None, block_hashes(text), text[:n], n // BLOCK_CHARS)
 
 
 class Router:

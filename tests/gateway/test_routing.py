@@ -14,7 +14,7 @@ from fleetspec.tiers import VramTier
 from gateway.backend import Backend, BackendSet
 from gateway.load import UpstreamLoad, load_estimate, load_score, parse_load
 from gateway.pool import BackendPool
-from gateway.prefix import BLOCK_CHARS, HashRing, PrefixIndex, block_hashes, prompt_text
+from gateway.prefix import BLOCK_CHARS, HashRing, PrefixIndex, block_hashes, prompt_parts, prompt_text
 from gateway.routing import OVERLOADED, PREFIX_HASH, PREFIX_MATCH, PREFIX_MISS, SESSION, Router, hint_for
 from gateway.state import BackendState as S
 
@@ -104,6 +104,17 @@ def test_prompt_text_covers_the_whole_message_list() -> None:
     assert prompt_text({"model": "m", "prompt": ["first", "second"]}) == "first"
     assert prompt_text({"model": "m", "prompt": [1, 2, 3]}) == "1,2,3"
     assert prompt_text({"model": "m"}) == ""
+
+
+def test_a_chats_opening_runs_through_its_first_user_message() -> None:
+    chat = {"model": "m", "tools": [{"type": "function"}], "messages": [
+        {"role": "system", "content": "be brief"}, {"role": "user", "content": "hello"},
+        {"role": "assistant", "content": "hi"}, {"role": "user", "content": "more"}]}
+    text, n = prompt_parts(chat)
+    assert text == prompt_text(chat) and text[:n].endswith("\x1euser\x1fhello") and "hi" not in text[:n]
+    assert text[:n] == prompt_parts({**chat, "messages": chat["messages"][:2]})[0]  # what every turn repeats
+    assert prompt_parts({"model": "m", "messages": [{"role": "system", "content": "x"}]})[1] == 0
+    assert prompt_parts({"model": "m", "prompt": "hello"}) == ("hello", 0)
 
 
 def test_block_hashes_chain_so_a_shared_prefix_shares_hashes() -> None:
