@@ -240,6 +240,10 @@ class Stream:
                 if not isinstance(got, _Refused):
                     return got
                 outcome, why = got
+        if relay.answered():  # [DONE] went out: the client has the whole answer, so end its body cleanly
+            log.info("upstream %s %s after [DONE] (request %s): %r", b.name, what,
+                     self.out.request_id.decode("latin-1"), e)
+            return relay.tail()
         log.warning("upstream %s %s mid-response (request %s): %r%s", b.name, what,
                     self.out.request_id.decode("latin-1"), e, f"; not continued: {why}" if why else "")
         status = 504 if total or outcome == migration.DEADLINE else 502

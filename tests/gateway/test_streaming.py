@@ -4,15 +4,18 @@ disconnects that stop the upstream generation in every phase."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
 import time
+from pathlib import Path
 
 import httpx
 import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support.procs import FakeVllm, Gateway, wait_until
+from tests.support.procs import FakeVllm, Gateway, instances, wait_until
 
 
 def _events(lines: list[str]) -> list[str]:
@@ -118,6 +121,28 @@ def test_a_client_that_closes_right_after_done_got_a_whole_answer(
     after = _codes(gateway, "m2")
     assert after.get("200", 0) == before.get("200", 0) + 1 and after.get("499", 0) == before.get("499", 0), after
     assert fake.stats()["cancelled"] == cancelled
+
+
+def test_a_replica_that_dies_after_done_leaves_a_whole_answer(tmp_path: Path) -> None:
+    """The replica dies between ``[DONE]`` and the end of its body, on a stream that cannot continue
+    elsewhere (n > 1): the client has the whole answer, so its body ends cleanly (200), with no
+    error event after ``[DONE]`` and no 502."""
+    fake = FakeVllm(tmp_path, ["m9"], "--fake-eof-delay", "30")
+    gw = Gateway(tmp_path, instances(fake))
+    try:
+        lines: list[str] = []
+        with httpx.stream("POST", gw.url + "/v1/chat/completions", timeout=20,
+                          json={"model": "m9", "stream": True, "max_tokens": 3, "n": 2, "messages": []}) as r:
+            for line in r.iter_lines():
+                lines.append(line)
+                if line == "data: [DONE]":
+                    os.kill(fake.pid, signal.SIGKILL)
+        assert [ln for ln in lines if ln][-1] == "data: [DONE]", lines  # nothing after it, no error event
+        codes = _codes(gw, "m9")
+        assert codes == {"200": 1.0}, codes
+    finally:
+        gw.stop()
+        fake.stop()
 
 
 def test_ttfb_and_duration_are_measured(gateway: Gateway) -> None:
