@@ -31,7 +31,7 @@ import time
 from gateway.backend import Backend, BackendSet
 from gateway.metrics import GatewayMetrics
 from gateway.settings import GatewaySettings
-from gateway.shared import EJECTED_UNTIL, FAILURES, SharedCounts, column_of
+from gateway.shared import EJECTED_UNTIL, FAILURES, SharedCounts, column_of, gateway_total, publish
 from gateway.state import BackendState
 
 log = logging.getLogger("gateway.ejection")
@@ -56,11 +56,8 @@ class Ejector:
 
     def failure(self, b: Backend, why: str) -> None:
         b.request_failures += 1
-        failures = b.request_failures
-        col = column_of(self.shared, b)
-        if col is not None and self.shared is not None:
-            self.shared.set(col, failures, FAILURES)
-            failures = self.shared.total(col, FAILURES)
+        publish(self.shared, b, b.request_failures, FAILURES)
+        failures = gateway_total(self.shared, b, b.request_failures, FAILURES)
         if not b.healthy or failures < self.threshold:
             return
         if self.backends.last_in_rotation(b):
@@ -70,8 +67,7 @@ class Ejector:
             b.ejections = 0
         period = self._period(b.ejections)
         b.eject(period)
-        if col is not None and self.shared is not None:
-            self.shared.set(col, int(b.ejected_until * 1000), EJECTED_UNTIL)
+        publish(self.shared, b, int(b.ejected_until * 1000), EJECTED_UNTIL)
         self.metrics.ejections.labels(b.name).inc()
         log.warning("backend %s ejected for %.1fs after %d failed requests in a row (last: %s)",
                     b.name, period, failures, why)
@@ -80,17 +76,12 @@ class Ejector:
         """A good answer: the failures in a row start again (a no-op while there are none)."""
         if b.request_failures:
             b.request_failures = 0
-            self._publish_reset(b)
+            publish(self.shared, b, 0, FAILURES)
 
     def _returned(self, b: Backend, _old: BackendState | None, new: BackendState | None) -> None:
         # Back in rotation (backend.move zeroed request_failures): this worker's count starts over.
         if new is BackendState.HEALTHY:
-            self._publish_reset(b)
-
-    def _publish_reset(self, b: Backend) -> None:
-        col = column_of(self.shared, b)
-        if col is not None and self.shared is not None:
-            self.shared.set(col, 0, FAILURES)
+            publish(self.shared, b, 0, FAILURES)
 
     def start(self) -> None:
         if self.shared is not None and self._sync is None:

@@ -89,11 +89,9 @@ class Flight:
         except StopIteration as e:
             self._coro = None
             if e.value["type"] == "http.disconnect":
-                if self.done or self._task is None:
-                    pass
-                elif self.answered is not None and self.answered():
-                    self.done = True  # the rest is the upstream's end of body: let it finish
-                else:
+                if self.answered is not None and self.answered():
+                    self.done = True  # the client has the whole answer: let the upstream's end of body come
+                if not self.done and self._task is not None:
                     self.gone = True
                     self._task.cancel()
             elif self._task is not None and self._receive is not None:

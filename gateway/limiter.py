@@ -32,7 +32,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.pool import BackendPool
 from gateway.routing import Hint
 from gateway.settings import GatewaySettings
-from gateway.shared import GATEWAY, QUEUED, SharedCounts, column_of
+from gateway.shared import GATEWAY, QUEUED, SharedCounts, column_of, gateway_total, publish
 from gateway.state import BackendState
 
 QUEUE_FULL = "queue_full"
@@ -97,8 +97,7 @@ class Limiter:
 
     def count(self, b: Backend) -> int:
         """Requests open to ``b`` from the whole gateway."""
-        col = column_of(self.shared, b)
-        return b.in_flight if col is None or self.shared is None else self.shared.total(col)
+        return gateway_total(self.shared, b, b.in_flight)
 
     def has_room(self, b: Backend) -> bool:
         limit = self.limit(b)
@@ -141,7 +140,7 @@ class Limiter:
 
     def release(self, b: Backend) -> None:
         b.in_flight -= 1
-        self._publish(b)
+        publish(self.shared, b, b.in_flight)
         self.metrics.backend_in_flight(b.name).dec()
         if self.waiting:
             self._handoff(b)
@@ -154,13 +153,8 @@ class Limiter:
     def _take(self, b: Backend) -> None:
         b.last_request = time.time()  # idle time and least-recently-used, for the swap policy
         b.in_flight += 1
-        self._publish(b)
+        publish(self.shared, b, b.in_flight)
         self.metrics.backend_in_flight(b.name).inc()
-
-    def _publish(self, b: Backend) -> None:
-        col = column_of(self.shared, b)
-        if col is not None and self.shared is not None:
-            self.shared.set(col, b.in_flight)
 
     async def _wait(self, model: str, exclude: Sequence[Backend], deadline: float,
                     waking: bool = False) -> Backend | None:

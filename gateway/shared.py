@@ -71,6 +71,20 @@ def column_of(shared: SharedCounts | None, b: _Keyed) -> int | None:
     return b.shared_column or None
 
 
+def publish(shared: SharedCounts | None, b: _Keyed, value: int, plane: int = IN_FLIGHT) -> None:
+    """This worker's ``value`` for ``b`` in ``plane``, where there is a table with a column for it."""
+    col = column_of(shared, b)
+    if col is not None and shared is not None:
+        shared.set(col, value, plane)
+
+
+def gateway_total(shared: SharedCounts | None, b: _Keyed, own: int, plane: int = IN_FLIGHT) -> int:
+    """``b``'s cells in ``plane`` summed over every worker; ``own``, this worker's value, where
+    there is no table or no column for it."""
+    col = column_of(shared, b)
+    return own if col is None or shared is None else shared.total(col, plane)
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
