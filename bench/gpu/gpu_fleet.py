@@ -142,13 +142,15 @@ def placement(names: list[str]) -> dict[str, Any]:
 
 
 def bench(model_dir: str, base: str, served: str, out: Path, tag: str, prompts: int, conc: int,
-          gw_pid: int | None) -> dict[str, Any]:
+          gw_pid: int | None, detailed: bool = False) -> dict[str, Any]:
     cpu0 = _cpu(gw_pid) if gw_pid else 0.0
     cmd = [sys.executable, "-m", "vllm.entrypoints.cli.main", "bench", "serve", "--backend", "vllm",
            "--base-url", base, "--model", model_dir, "--served-model-name", served, "--tokenizer", model_dir,
            "--dataset-name", "random", "--random-input-len", "128", "--random-output-len", "128", "--ignore-eos",
            "--num-prompts", str(prompts), "--max-concurrency", str(conc), "--save-result",
            "--result-dir", str(out), "--result-filename", f"bench-{tag}.json", "--percentile-metrics", "ttft,itl,e2el"]
+    if detailed:
+        cmd.append("--save-detailed")
     log(f"bench {tag}: {base} model={served}")
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     (out / f"bench-{tag}.txt").write_text(p.stdout[-6000:] + p.stderr[-4000:])
@@ -156,6 +158,8 @@ def bench(model_dir: str, base: str, served: str, out: Path, tag: str, prompts: 
     keep = {k: r.get(k) for k in ("completed", "total_output_tokens", "duration", "output_throughput",
                                   "request_throughput", "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms",
                                   "mean_itl_ms", "median_itl_ms", "p99_itl_ms")}
+    if detailed and r.get("ttfts"):
+        keep["ttfts"] = r["ttfts"]
     if gw_pid:
         cpu = _cpu(gw_pid) - cpu0
         events = (r.get("total_output_tokens") or 0) + 2 * (r.get("completed") or 0)  # tokens + role + [DONE]

@@ -34,8 +34,10 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_fleet import GW, base_fleet, bench, fleet_healthy, inst, instances, log, wait
+from tail_probe import SocketSampler, moved, snapshot, ttft_shape
 
 DIRECT = "http://127.0.0.1:8001"
+TCP_RELAY = "http://127.0.0.1:8090"  # tcp_relay.py, the control for the TTFT tail (--targets)
 MODEL = "tiny"
 KEYS = ("output_throughput", "median_ttft_ms", "p99_ttft_ms", "median_itl_ms")
 
@@ -71,11 +73,18 @@ def _gateway_pid() -> int | None:
     return next((i["pid"] for n, i in instances().items() if n == "gateway"), None)
 
 
-def one(model_dir: str, w: Path, target: str, conc: int, tag: str) -> dict[str, Any]:
-    base = DIRECT if target == "direct" else GW
+def one(model_dir: str, w: Path, target: str, conc: int, tag: str, probe: bool = False) -> dict[str, Any]:
+    base = {"direct": DIRECT, "gateway": GW, "tcp": TCP_RELAY}.get(target) or f"http://127.0.0.1:{target.split(':')[1]}"
     before = _samples(httpx.get(GW + "/metrics", timeout=10).text)
-    r = bench(model_dir, base, MODEL, w, tag, prompts=3 * conc, conc=conc,
-              gw_pid=_gateway_pid() if target == "gateway" else None)
+    snap = snapshot(DIRECT, GW) if probe else None
+    with SocketSampler((8001, 8080)) as sockets:
+        r = bench(model_dir, base, MODEL, w, tag, prompts=3 * conc, conc=conc,
+                  gw_pid=_gateway_pid() if target == "gateway" else None, detailed=probe)
+    if snap is not None:
+        r["probe"] = moved(snap, snapshot(DIRECT, GW))
+        r["probe"]["sockets"] = sockets.summary()
+        r["probe"]["client_ttft"] = ttft_shape(r.pop("ttfts", []))
+        log(f"{tag} probe: {json.dumps(r['probe'])}")
     after = _samples(httpx.get(GW + "/metrics", timeout=10).text)
     r.update(target=target, conc=conc, tag=tag)
     if target == "gateway":
@@ -87,26 +96,29 @@ def one(model_dir: str, w: Path, target: str, conc: int, tag: str) -> dict[str, 
     return r
 
 
-def run(model_dir: str, w: Path, concs: list[int], passes: int) -> list[dict[str, Any]]:
+def run(model_dir: str, w: Path, concs: list[int], passes: int, probe: bool = False,
+        targets: tuple[str, ...] = ("direct", "gateway")) -> list[dict[str, Any]]:
     rows_path = w / "rows.json"
     rows: list[dict[str, Any]] = json.loads(rows_path.read_text()) if rows_path.exists() else []
     for conc in concs:
         for p in range(passes):
-            order = ["direct", "gateway"] if p % 2 == 0 else ["gateway", "direct"]
+            order = list(targets) if p % 2 == 0 else list(reversed(targets))
             for target in order:
-                rows.append(one(model_dir, w, target, conc, f"c{conc}-p{p}-{target}"))
+                rows.append(one(model_dir, w, target, conc, f"c{conc}-p{p}-{target}", probe))
                 rows_path.write_text(json.dumps(rows, indent=1))
     return rows
 
 
 def table(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per concurrency: the median of each metric per target, its spread (min..max), the ratio."""
+    """Per concurrency: the median of each metric per target, its spread (min..max), each target's
+    ratio to direct."""
     res: dict[str, Any] = {}
+    targets = sorted({r["target"] for r in rows})
     for conc in sorted({r["conc"] for r in rows}):
         entry: dict[str, Any] = {}
         for key in (*KEYS, "mean_queue_wait_ms", "gateway_cpu_us_per_event"):
             per: dict[str, list[float]] = {}
-            for t in ("direct", "gateway"):
+            for t in targets:
                 vals = [float(r[key]) for r in rows if r["conc"] == conc and r["target"] == t
                         and r.get(key) is not None]
                 if vals:
@@ -115,8 +127,10 @@ def table(rows: list[dict[str, Any]]) -> dict[str, Any]:
                 continue
             entry[key] = {t: {"median": round(statistics.median(v), 2), "min": round(min(v), 2),
                               "max": round(max(v), 2), "n": len(v)} for t, v in per.items()}
-            if "direct" in per and "gateway" in per and statistics.median(per["direct"]):
-                entry[key]["ratio"] = round(statistics.median(per["gateway"]) / statistics.median(per["direct"]), 3)
+            base = statistics.median(per["direct"]) if "direct" in per else 0
+            for t in per:
+                if t != "direct" and base:
+                    entry[key][f"ratio_{t}" if t != "gateway" else "ratio"] = round(statistics.median(per[t]) / base, 3)
         res[str(conc)] = entry
     return res
 
@@ -145,13 +159,17 @@ def main() -> None:
     ap.add_argument("--passes", type=int, default=3)
     ap.add_argument("--workers", type=int, default=1, help="gateway workers (start); CPU per event then "
                     "counts the master process only")
+    ap.add_argument("--probe", action="store_true", help="run: also where the slow first tokens are spent "
+                    "(tail_probe.py: vLLM's and the gateway's histograms, TCP counters, each request's TTFT)")
+    ap.add_argument("--targets", default="direct,gateway", help="run: which, in order (tcp: tcp_relay.py on 8090; "
+                    "NAME:PORT any other server)")
     a = ap.parse_args()
     w = Path(a.out)
     w.mkdir(parents=True, exist_ok=True)
     if a.phase == "start":
         res: Any = start(a.model_dir, w, a.workers)
     elif a.phase == "run":
-        res = table(run(a.model_dir, w, a.conc, a.passes))
+        res = table(run(a.model_dir, w, a.conc, a.passes, a.probe, tuple(a.targets.split(","))))
     else:
         rows = json.loads((w / "rows.json").read_text()) if (w / "rows.json").exists() else []
         res = {"stop": stop(w), "table": table(rows)}

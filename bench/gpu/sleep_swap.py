@@ -113,7 +113,7 @@ def _ready() -> bool:
 
 def cold_starts(up_log: Path) -> dict[str, float]:
     """STARTING -> RUNNING per instance, from `up`'s own lines."""
-    found = {}
+    found: dict[str, float] = {}
     for m in re.finditer(r"\[fleet\] (\w+): STARTING -> RUNNING after ([0-9.]+)s", up_log.read_text(errors="replace")):
         found.setdefault(m.group(1), float(m.group(2)))
     return found
