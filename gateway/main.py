@@ -11,6 +11,7 @@ import uvicorn
 
 from fleetspec.errors import ConfigError
 from gateway.app import FleetGateway
+from gateway.coalesce import HttpToolsProtocol
 from gateway.config import load_gateway_config
 from gateway.settings import MAX_WORKERS, load_settings
 from gateway.workers import LOG_FORMAT, worker_environment
@@ -38,7 +39,7 @@ def run_gateway(config_path: str, workers: int | None = None) -> int:
                  b.vram_tier.value)
     opts: dict[str, Any] = dict(
         host=s.host, port=s.port, log_level=s.log_level, access_log=s.access_log,
-        loop="uvloop", http="httptools", lifespan="on", timeout_graceful_shutdown=10,
+        loop="uvloop", http=HttpToolsProtocol, lifespan="on", timeout_graceful_shutdown=10,
         # No X-Forwarded-* rewriting (nothing here reads the client address) and no Server
         # header: both cost time per request on the hot path.
         proxy_headers=False, server_header=False)
