@@ -18,6 +18,7 @@ session so that it outlives one device call; ``stop`` stops it by PID (OUT/up.pi
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -77,10 +78,11 @@ def one(model_dir: str, w: Path, target: str, conc: int, tag: str, probe: bool =
     base = {"direct": DIRECT, "gateway": GW, "tcp": TCP_RELAY}.get(target) or f"http://127.0.0.1:{target.split(':')[1]}"
     before = _samples(httpx.get(GW + "/metrics", timeout=10).text)
     snap = snapshot(DIRECT, GW) if probe else None
-    with SocketSampler((8001, 8080)) as sockets:
+    sockets = SocketSampler((8001, 8080)) if probe else None
+    with sockets or contextlib.nullcontext():
         r = bench(model_dir, base, MODEL, w, tag, prompts=3 * conc, conc=conc,
                   gw_pid=_gateway_pid() if target == "gateway" else None, detailed=probe)
-    if snap is not None:
+    if snap is not None and sockets is not None:
         r["probe"] = moved(snap, snapshot(DIRECT, GW))
         r["probe"]["sockets"] = sockets.summary()
         r["probe"]["client_ttft"] = ttft_shape(r.pop("ttfts", []))

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -97,7 +98,6 @@ class SocketSampler:
     requests shows here; one that reads them at once and is slow afterwards does not."""
 
     def __init__(self, ports: tuple[int, ...], interval: float = 0.1) -> None:
-        import threading
         self.ports = ports
         self.interval = interval
         self.rows: list[dict[str, Any]] = []
