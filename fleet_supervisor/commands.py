@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 
 from fleet_supervisor.fleet import run_fleet
-from fleet_supervisor.gateway_child import ADMIN_KEY_FILE
+from fleet_supervisor.gateway_child import stored_admin_key
 from fleet_supervisor.leftovers import settle
 from fleet_supervisor.plan import describe, infernet_for, make_plan
 from fleetspec.errors import ConfigError
@@ -93,10 +93,7 @@ def admin_key_for(given: str | None, state_dir: str) -> str | None:
         return given
     if os.environ.get("FLEET_ADMIN_KEY"):
         return os.environ["FLEET_ADMIN_KEY"]
-    try:
-        return (Path(state_dir) / ADMIN_KEY_FILE).read_text(encoding="ascii").strip() or None
-    except OSError:
-        return None
+    return stored_admin_key(Path(state_dir))
 
 
 def cmd_admin(gateway_url: str, name: str, action: str, key: str | None) -> int:

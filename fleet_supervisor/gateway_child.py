@@ -3,7 +3,6 @@ fleet's admin key that the spec carries."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 import secrets
@@ -38,13 +37,20 @@ def gateway_spec(plan: Plan, hub: ControlHub | None) -> LaunchSpec:
     return dataclasses.replace(spec, env={**spec.env, **extra})
 
 
+def stored_admin_key(state_dir: Path) -> str | None:
+    """The key kept in ``state_dir/admin.key``; None when there is none (or it cannot be read)."""
+    try:
+        return (state_dir / ADMIN_KEY_FILE).read_text(encoding="ascii").strip() or None
+    except OSError:
+        return None
+
+
 def admin_key(state_dir: Path) -> str:
     """The fleet's admin key: read from ``state_dir/admin.key``, or made there (mode 0600)."""
+    key = stored_admin_key(state_dir)
+    if key:
+        return key
     path = state_dir / ADMIN_KEY_FILE
-    with contextlib.suppress(OSError):
-        key = path.read_text(encoding="ascii").strip()
-        if key:
-            return key
     state_dir.mkdir(parents=True, exist_ok=True)
     key = secrets.token_urlsafe(24)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
