@@ -58,7 +58,7 @@ class FleetGateway:
         self.scraper = LoadScraper(self.backends, settings.load_scrape_interval_s, settings.health_timeout_s,
                                    settings.upstream_api_key) if settings.scrapes_load else None
         self.limiter = Limiter(self.pool, settings, self.metrics, shared)
-        self.health = HealthChecker(self.backends, settings, self.metrics.count_probe)
+        self.health = HealthChecker(self.backends, settings, self.metrics.count_probe, shared)
         self.ejector = Ejector(self.backends, settings, self.metrics, shared)
         self.proxy = Proxy(self.pool, settings, self.metrics, self.limiter, self.ejector)
         self.link: SupervisorLink | None = None

@@ -17,8 +17,8 @@ and moves the backend; the metrics and the routers learn of it as subscribers.
 With several workers (shared.py) the failures in a row are the gateway's: each worker publishes
 its own count and compares the sum over the workers with ``eject_failures``; a worker that ejects
 publishes the ejection's end, and every other worker, looking every ``SYNC_S``, ejects the backend
-from its own rotation until then (under the same last-replica rule). Each worker still brings it
-back through its own probe.
+from its own rotation until then (under the same last-replica rule). It comes back through the
+first good probe after the end, in any worker: probe verdicts are shared too (health.py).
 """
 
 from __future__ import annotations

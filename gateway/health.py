@@ -9,13 +9,23 @@ sets its models; whatever must follow (the prefix index forgets, queued requests
 metrics) subscribes to the backend set. A backend that the supervisor hands back (UNKNOWN after
 sleeping, draining or a restart) is probed at once rather than at the next interval, since
 requests may be waiting for it.
+
+With several workers (shared.py) each worker probes every backend, and a move its own probes make
+is published with its time. Every ``SYNC_S`` each worker adopts the freshest such verdict of any
+worker that is newer than its own last change of that backend (so a verdict from before a
+supervisor's hand-back or an ejection never counts), and starts its own streaks over. The first
+worker to see ``health_failures`` bad probes takes the backend out of every worker's rotation; the
+first to see ``health_successes`` good ones brings it back everywhere (an ejected one only once its
+ejection, shared too, has ended). Supervisor states are not adopted: every worker hears them itself.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import aiohttp
@@ -23,22 +33,43 @@ import aiohttp
 from gateway.backend import Backend, BackendSet
 from gateway.poller import BackendPoller
 from gateway.settings import GatewaySettings
-from gateway.state import BackendState
+from gateway.shared import PROBED, SharedCounts, column_of, publish
+from gateway.state import PROBE_STATES, BackendState, Writer
 
 log = logging.getLogger("gateway.health")
+
+SYNC_S = 0.1  # how often a worker looks for the other workers' verdicts
+# A published verdict: wall-clock microseconds × 4 + one of these codes.
+_CODES = {BackendState.HEALTHY: 1, BackendState.UNHEALTHY: 2}
+_VERDICTS = {code: state for state, code in _CODES.items()}
 
 
 class HealthChecker(BackendPoller):
     kind = "health probe"
 
     def __init__(self, backends: BackendSet, settings: GatewaySettings,
-                 count_probe: Callable[[str, bool], None] | None = None) -> None:
+                 count_probe: Callable[[str, bool], None] | None = None, shared: SharedCounts | None = None) -> None:
         super().__init__(backends, settings.health_interval_s, min(0.2, settings.health_interval_s),
                          settings.health_timeout_s, settings.upstream_api_key)
         self.settings = settings
+        self.shared = shared
         self._count_probe = count_probe  # (backend name, ok) -> None: the probe counter
         self._urgent: set[asyncio.Task[None]] = set()
+        self._sync: asyncio.Task[None] | None = None
         backends.subscribe(self._handed_back)
+
+    async def start(self) -> None:
+        await super().start()
+        if self.shared is not None:
+            self._sync = asyncio.create_task(self._follow(), name="probe-sync")
+
+    async def stop(self) -> None:
+        if self._sync is not None:
+            self._sync.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sync
+            self._sync = None
+        await super().stop()
 
     async def poll(self, b: Backend) -> None:
         await self.probe_once(b)
@@ -48,6 +79,8 @@ class HealthChecker(BackendPoller):
         if self._count_probe is not None:
             self._count_probe(b.name, ok)
         if b.record_probe(ok, error, self.settings.health_failures, self.settings.health_successes):
+            if b.state in _CODES:
+                publish(self.shared, b, int(b.last_change * 1e6) * 4 + _CODES[b.state], PROBED)
             log.log(logging.INFO if b.healthy else logging.WARNING, "backend %s (%s) is now %s%s",
                     b.name, b.url, b.state.value, f": {error}" if error else "")
             if b.healthy:
@@ -55,13 +88,41 @@ class HealthChecker(BackendPoller):
         elif b.healthy and not b.models:
             await self._discover(b)
 
+    async def _follow(self) -> None:
+        while True:
+            await asyncio.sleep(SYNC_S)
+            self.follow_once()
+
+    def follow_once(self) -> None:
+        """Adopt the other workers' verdicts that are newer than this worker's own view."""
+        for b in list(self.backends):
+            col = column_of(self.shared, b)
+            if col is None or self.shared is None or b.state not in PROBE_STATES:
+                continue
+            latest = self.shared.largest(col, PROBED)
+            new = _VERDICTS.get(latest % 4)
+            if new is None or new is b.state or latest // 4 / 1e6 <= b.last_change:
+                continue
+            if b.state is BackendState.EJECTED and new is BackendState.HEALTHY and time.time() < b.ejected_until:
+                continue
+            b.ok_streak = b.fail_streak = 0
+            b.last_error = None if new is BackendState.HEALTHY else "another gateway worker's probes failed"
+            b.move(Writer.PROBE, new)
+            log.log(logging.INFO if b.healthy else logging.WARNING, "backend %s (%s) is now %s (another gateway "
+                    "worker's probes)", b.name, b.url, b.state.value)
+            if b.healthy and not b.models:
+                self._soon(self._discover(b), f"discover:{b.name}")
+
+    def _soon(self, work: Coroutine[Any, Any, None], name: str) -> None:
+        task = asyncio.create_task(work, name=name)
+        self._urgent.add(task)
+        task.add_done_callback(self._urgent.discard)
+
     def _handed_back(self, b: Backend, old: BackendState | None, new: BackendState | None) -> None:
         # Only the supervisor moves a known backend back to UNKNOWN (state.py): it woke it, started
         # it again, or ended its drain.
         if new is BackendState.UNKNOWN and old is not None and self._session is not None:
-            task = asyncio.create_task(self.probe_once(b), name=f"probe-now:{b.name}")
-            self._urgent.add(task)
-            task.add_done_callback(self._urgent.discard)
+            self._soon(self.probe_once(b), f"probe-now:{b.name}")
 
     async def _probe(self, b: Backend) -> tuple[bool, str | None]:
         try:

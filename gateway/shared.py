@@ -1,7 +1,8 @@
 """What the gateway's workers (``--workers N``) share: in-flight and queued counts, so that the
-limits and the queue are the gateway's and not a worker's, and passive ejection, so that a failing
+limits and the queue are the gateway's and not a worker's; passive ejection, so that a failing
 backend leaves every worker's rotation after ``eject_failures`` failed requests in the gateway, not
-in each worker.
+in each worker; and the probes' verdicts, so that a backend one worker's probes take out of (or
+put back in) rotation leaves (or rejoins) every worker's.
 
 Without them each worker held 1/N of every limit: with 4 workers behind vLLM's 256 sequences, a
 worker that the kernel handed more than 64 connections queued requests while the others had room
@@ -10,7 +11,7 @@ likewise answered 429 in a worker handed more waiters than its share while the o
 were free (CI, 16 requests against a limit of 8 and a queue of 16 over 4 workers).
 
 One file in the workers' private directory, mapped by every worker: planes of int64 cells (one per
-kind of count: ``IN_FLIGHT``, ``FAILURES``, ``EJECTED_UNTIL``, ``QUEUED``), each a row per worker
+kind of count: ``IN_FLIGHT``, ``FAILURES``, ``EJECTED_UNTIL``, ``QUEUED``, ``PROBED``), each a row per worker
 and a column per name (a backend's; for ``QUEUED`` a model's; column 0 of ``IN_FLIGHT``: the
 worker's requests in flight, for ``max_in_flight``). A worker writes only its own row, so the hot
 path takes no lock; a reader sums (or takes the largest of) a column over the rows. Two workers
@@ -40,7 +41,8 @@ IN_FLIGHT = 0  # requests open to the backend
 FAILURES = 1  # failed requests in a row (ejection.py)
 EJECTED_UNTIL = 2  # the end of the backend's ejection, wall-clock milliseconds; 0 none
 QUEUED = 3  # requests waiting in a model's queue (the column of the model's name; limiter.py)
-PLANES = 4
+PROBED = 4  # the last move this worker's own probes made: wall-clock µs × 4 + the new state (health.py)
+PLANES = 5
 
 
 def file_size(rows: int) -> int:

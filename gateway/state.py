@@ -43,11 +43,12 @@ class Writer(StrEnum):
 
 
 S = BackendState
-_PROBE_STATES = frozenset({S.UNKNOWN, S.HEALTHY, S.UNHEALTHY, S.EJECTED})
+# The states that probes may move a backend out of (ASLEEP and DRAINING: only the supervisor).
+PROBE_STATES = frozenset({S.UNKNOWN, S.HEALTHY, S.UNHEALTHY, S.EJECTED})
 
 # (writer, old) -> the states that writer may move a backend to from ``old``.
 EDGES: dict[tuple[Writer, BackendState], frozenset[BackendState]] = {
-    **{(Writer.PROBE, s): frozenset({S.HEALTHY, S.UNHEALTHY}) - {s} for s in _PROBE_STATES},
+    **{(Writer.PROBE, s): frozenset({S.HEALTHY, S.UNHEALTHY}) - {s} for s in PROBE_STATES},
     (Writer.REQUESTS, S.HEALTHY): frozenset({S.EJECTED}),
     **{(Writer.SUPERVISOR, s): frozenset({S.ASLEEP, S.DRAINING, S.UNKNOWN}) - {s} for s in S},
 }

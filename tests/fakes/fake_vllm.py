@@ -10,7 +10,8 @@ process group that outlive the parent, like vLLM's EngineCore), --fake-workers-i
 workers ignore SIGTERM; only SIGKILL ends them), --fake-never-healthy.
 HTTP knobs (flags or /_fake/config): latency (s before response headers), token_delay (s between
 SSE events), tokens, status (answer every POST with this status), hang (never answer a POST),
-health_status, drop_after (abort the connection before token N of a stream; N at or past its last
+health_status, health_fail_next (answer the next N /health calls with 503, then health_status
+again), drop_after (abort the connection before token N of a stream; N at or past its last
 token: after the last, before the usage chunk and ``[DONE]``), merge (tokens per stream event, as vLLM
 v1 merges deltas when its API server falls behind its engine), load_running / load_waiting / load_kv (added to
 what /metrics reports, as if other clients used the server), validate (check the request
@@ -59,7 +60,7 @@ from fake_stream import Events, continue_problem, continued_from  # beside this 
 
 KNOBS: dict[str, Any] = {
     "latency": 0.0, "token_delay": 0.0, "tokens": 8, "status": 200, "hang": False,
-    "health_status": 200, "drop_after": -1, "merge": 1, "validate": False,
+    "health_status": 200, "health_fail_next": 0, "drop_after": -1, "merge": 1, "validate": False,
     "load_running": 0, "load_waiting": 0, "load_kv": 0.0,
     "sleep_delay": 0.0, "wake_delay": 0.0, "wake_fail": False, "eof_delay": 0.0,
 }
@@ -149,6 +150,9 @@ class Fake:
         self.port = args.port
 
     async def health(self, _: web.Request) -> web.Response:
+        if KNOBS["health_fail_next"] > 0:
+            KNOBS["health_fail_next"] -= 1
+            return web.Response(status=503)
         return web.Response(status=KNOBS["health_status"])
 
     async def models_(self, _: web.Request) -> web.Response:

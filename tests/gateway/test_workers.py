@@ -256,3 +256,34 @@ def test_four_workers_eject_a_failing_backend_together(tmp_path: Path) -> None:
         gw.stop()
         good.stop()
         sick.stop()
+
+
+def test_four_workers_share_their_probes_verdicts(tmp_path: Path) -> None:
+    """One failed /health probe (FLEET_HEALTH_FAILURES=1) takes a replica out of every worker's
+    rotation, though only one worker's probe saw it: each worker probing alone left it in the other
+    three until their own probes failed, which here they never do. With FLEET_HEALTH_SUCCESSES=15
+    (3 s of one worker's probes) the first worker back brings it back in all four."""
+    good, flaky = FakeVllm(tmp_path, ["m1"]), FakeVllm(tmp_path, ["m1"])
+    gw = Gateway(tmp_path, instances(good, flaky), args=["--workers", "4"],
+                 env={"FLEET_HEALTH_FAILURES": "1", "FLEET_HEALTH_SUCCESSES": "15"})
+    try:
+        directory = metrics_dir_of(workers_of(gw.pid)[0])
+        name = f"fake-{flaky.port}"
+        assert wait_until(lambda: len(workers_of(gw.pid)) == 4 and all(
+            rotation_by_pid(directory, name).get(p) == 1 for p in workers_of(gw.pid)), 20)
+        pids = workers_of(gw.pid)
+        flaky.configure(health_fail_next=1)
+        # Out everywhere well before any worker could have come back on its own (15 × 0.2 s).
+        assert wait_until(lambda: all(rotation_by_pid(directory, name).get(p) == 0 for p in pids), 2), \
+            rotation_by_pid(directory, name)
+        assert {httpx.get(gw.url + "/fleet", headers=HEADERS, timeout=5).json()["backends"][1]["state"]
+                for _ in range(8)} == {"unhealthy"}
+        send(gw, 16)
+        assert flaky.stats()["requests_total"] == 0
+        assert wait_until(lambda: all(rotation_by_pid(directory, name).get(p) == 1 for p in pids), 10), \
+            rotation_by_pid(directory, name)
+        assert workers_of(gw.pid) == pids
+    finally:
+        gw.stop()
+        good.stop()
+        flaky.stop()
