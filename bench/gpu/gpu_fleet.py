@@ -14,6 +14,8 @@ restart → serving, then SIGTERMs ``up`` and checks nothing is left. Writes OUT
 from __future__ import annotations
 
 import argparse
+import functools
+import importlib.util
 import json
 import os
 import signal
@@ -151,6 +153,8 @@ def bench(model_dir: str, base: str, served: str, out: Path, tag: str, prompts: 
            "--result-dir", str(out), "--result-filename", f"bench-{tag}.json", "--percentile-metrics", "ttft,itl,e2el"]
     if detailed:
         cmd.append("--save-detailed")
+        if "--request-id-prefix" in _bench_source():
+            cmd += ["--request-id-prefix", f"{tag}-"]  # request i is "TAG-i" (x-request-id), for trace_join.py
     log(f"bench {tag}: {base} model={served}")
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     (out / f"bench-{tag}.txt").write_text(p.stdout[-6000:] + p.stderr[-4000:])
@@ -160,6 +164,7 @@ def bench(model_dir: str, base: str, served: str, out: Path, tag: str, prompts: 
                                   "mean_itl_ms", "median_itl_ms", "p99_itl_ms")}
     if detailed and r.get("ttfts"):
         keep["ttfts"] = r["ttfts"]
+        keep["start_times"] = r.get("start_times") or []
     if gw_pid:
         cpu = _cpu(gw_pid) - cpu0
         events = (r.get("total_output_tokens") or 0) + 2 * (r.get("completed") or 0)  # tokens + role + [DONE]
@@ -167,6 +172,13 @@ def bench(model_dir: str, base: str, served: str, out: Path, tag: str, prompts: 
         keep["gateway_cpu_us_per_event"] = round(cpu / max(1, events) * 1e6, 1)
     (out / f"bench-{tag}.json").unlink()
     return keep
+
+
+@functools.cache
+def _bench_source() -> str:
+    """The source of this vLLM's serving benchmark: which flags it has (its --help is abridged)."""
+    spec = importlib.util.find_spec("vllm.benchmarks.serve")
+    return Path(spec.origin).read_text() if spec and spec.origin else ""
 
 
 def _cpu(pid: int) -> float:

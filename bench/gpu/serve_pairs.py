@@ -36,6 +36,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_fleet import GW, base_fleet, bench, fleet_healthy, inst, instances, log, wait
 from tail_probe import SocketSampler, moved, snapshot, ttft_shape
+from trace_join import join
 
 DIRECT = "http://127.0.0.1:8001"
 TCP_RELAY = "http://127.0.0.1:8090"  # tcp_relay.py, the control for the TTFT tail (--targets)
@@ -70,6 +71,13 @@ def _samples(text: str) -> dict[str, float]:
     return out
 
 
+def _trace(base: str) -> list[dict[str, Any]] | None:
+    """A traced gateway's records (and it forgets them); None from any other server."""
+    r = httpx.get(base + "/_trace", timeout=10)
+    body = r.json() if r.status_code == 200 and r.headers.get("content-type") == "application/json" else None
+    return body if isinstance(body, list) else None
+
+
 def _gateway_pid() -> int | None:
     return next((i["pid"] for n, i in instances().items() if n == "gateway"), None)
 
@@ -78,6 +86,7 @@ def one(model_dir: str, w: Path, target: str, conc: int, tag: str, probe: bool =
     base = {"direct": DIRECT, "gateway": GW, "tcp": TCP_RELAY}.get(target) or f"http://127.0.0.1:{target.split(':')[1]}"
     before = _samples(httpx.get(GW + "/metrics", timeout=10).text)
     snap = snapshot(DIRECT, GW) if probe else None
+    traced = probe and _trace(base) is not None  # a gateway_trace.py gateway: its records so far dropped
     sockets = SocketSampler((8001, 8080)) if probe else None
     with sockets or contextlib.nullcontext():
         r = bench(model_dir, base, MODEL, w, tag, prompts=3 * conc, conc=conc,
@@ -85,7 +94,10 @@ def one(model_dir: str, w: Path, target: str, conc: int, tag: str, probe: bool =
     if snap is not None and sockets is not None:
         r["probe"] = moved(snap, snapshot(DIRECT, GW))
         r["probe"]["sockets"] = sockets.summary()
-        r["probe"]["client_ttft"] = ttft_shape(r.pop("ttfts", []))
+        ttfts, starts = r.pop("ttfts", []), r.pop("start_times", [])
+        r["probe"]["client_ttft"] = ttft_shape(ttfts)
+        if traced:
+            r["probe"]["phases"] = join(f"{tag}-", starts, ttfts, _trace(base) or [])
         log(f"{tag} probe: {json.dumps(r['probe'])}")
     after = _samples(httpx.get(GW + "/metrics", timeout=10).text)
     r.update(target=target, conc=conc, tag=tag)

@@ -1,0 +1,83 @@
+"""Per-request timestamps inside a gateway process, for placing issue 21's TTFT gap (bench only,
+installed by ``gateway_variant.py --trace``; the product never loads it).
+
+For every POST it keeps, on ``time.perf_counter()`` (CLOCK_MONOTONIC on Linux, the clock
+``vllm bench serve`` stamps its requests with, so the two line up on one host):
+
+- ``conn``: the connection was accepted (``connection_made``), for a connection's first request;
+- ``read``: the event loop read the request's first bytes (httptools' ``on_message_begin``);
+- ``app``: the ASGI app was called (uvicorn's task for the request started);
+- ``head``: the app sent ``http.response.start``;
+- ``first``: the app sent the first non-empty body chunk;
+- ``end``: the app returned;
+
+keyed by the request's ``x-request-id`` (``vllm bench serve`` sends one per request).
+``GET /_trace`` answers the records kept so far and forgets them.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import gateway.app as app_module
+import gateway.coalesce as coalesce
+
+RECORDS: list[dict[str, Any]] = []
+
+
+def install() -> None:
+    proto = coalesce.HttpToolsProtocol
+    made, begin, headers_done = proto.connection_made, proto.on_message_begin, proto.on_headers_complete
+
+    def connection_made(self: Any, transport: Any) -> None:
+        self._trace_conn = time.perf_counter()
+        made(self, transport)
+
+    def on_message_begin(self: Any) -> None:
+        self._trace_read = time.perf_counter()
+        begin(self)
+
+    def on_headers_complete(self: Any) -> None:
+        headers_done(self)  # builds self.scope; the request's task runs later, after this returns
+        self.scope["trace"] = {"conn": getattr(self, "_trace_conn", None), "read": self._trace_read}
+        self._trace_conn = None  # only a connection's first request waited for the accept
+
+    proto.connection_made = connection_made  # type: ignore[method-assign]
+    proto.on_message_begin = on_message_begin  # type: ignore[method-assign]
+    proto.on_headers_complete = on_headers_complete  # type: ignore[method-assign]
+
+    call = app_module.FleetGateway.__call__
+
+    async def traced(self: Any, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await call(self, scope, receive, send)
+            return
+        if scope["method"] == "GET" and scope["path"] == "/_trace":
+            body = json.dumps(RECORDS).encode()
+            RECORDS.clear()
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-type", b"application/json")]})
+            await send({"type": "http.response.body", "body": body})
+            return
+        rec: dict[str, Any] = dict(scope.get("trace") or {})
+        rec["app"] = time.perf_counter()
+        rec["id"] = next((v.decode() for k, v in scope["headers"] if k == b"x-request-id"), None)
+
+        async def stamping(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                rec["head"] = time.perf_counter()
+                rec["status"] = message["status"]
+            elif "first" not in rec and message.get("body"):
+                rec["first"] = time.perf_counter()
+            await send(message)
+
+        try:
+            await call(self, scope, receive, stamping)
+        finally:
+            rec["end"] = time.perf_counter()
+            if scope["method"] == "POST":
+                RECORDS.append(rec)
+
+    app_module.FleetGateway.__call__ = traced  # type: ignore[method-assign]

@@ -1,0 +1,59 @@
+"""Where each request's time to first token went: the client's stamps (``vllm bench serve
+--save-detailed``: start, TTFT, time queued in the client) joined by request id with a traced
+gateway's (``gateway_trace.py``), all on CLOCK_MONOTONIC of one host.
+
+Phases of one request, in ms:
+
+- ``to_gateway``: the client's send began → the gateway's loop read the request (a wave of
+  requests read one after another shows here; so does a connection the client opened for it);
+- ``read_to_app``: read → the ASGI app ran (uvicorn's task waiting for its turn in the loop);
+- ``in_gateway``: app → the first body chunk sent to the client (routing, the upstream request,
+  vLLM's own time to first token, the relay of that chunk);
+- ``back_to_client``: the first chunk sent → the client counted its first token (the write, the
+  client's loop reading it among every other stream's chunks).
+
+For each phase: its median, p90, p99 over the pass, and its mean over the requests with the slowest
+1 % of client TTFTs (where the tail is spent); ``to_gateway`` also apart for a connection's first
+request (the client connected for it) and for requests on a reused connection.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+PHASES = ("to_gateway", "read_to_app", "in_gateway", "back_to_client")
+
+
+def _q(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def join(prefix: str, starts: list[float], ttfts: list[float], records: list[dict[str, Any]]) -> dict[str, Any]:
+    """``starts``/``ttfts``: the client's, request i having id ``prefix + str(i)``; ``records``: the
+    gateway's trace of the same pass."""
+    by_id = {r.get("id"): r for r in records}
+    rows: list[dict[str, Any]] = []
+    for i, (start, ttft) in enumerate(zip(starts, ttfts, strict=False)):
+        r = by_id.get(f"{prefix}{i}")
+        if r is None or not ttft or "first" not in r or r.get("read") is None:
+            continue
+        rows.append({"new_conn": r.get("conn") is not None, "ttft": ttft * 1000,
+                     "to_gateway": (r["read"] - start) * 1000, "read_to_app": (r["app"] - r["read"]) * 1000,
+                     "in_gateway": (r["first"] - r["app"]) * 1000,
+                     "back_to_client": (start + ttft - r["first"]) * 1000})
+    if not rows:
+        return {"joined": 0, "traced": len(records), "client": len(starts)}
+    slow = sorted(rows, key=lambda x: x["ttft"])[-max(1, len(rows) // 100):]
+    out: dict[str, Any] = {"joined": len(rows), "traced": len(records), "client": len(starts)}
+    for k in ("ttft", *PHASES):
+        xs = [x[k] for x in rows]
+        out[k] = {"p50": round(_q(xs, 0.5), 1), "p90": round(_q(xs, 0.9), 1), "p99": round(_q(xs, 0.99), 1),
+                  "mean": round(statistics.fmean(xs), 1),
+                  "mean_slowest_1pct": round(statistics.fmean(x[k] for x in slow), 1)}
+    for new in (True, False):
+        xs = [x["to_gateway"] for x in rows if x["new_conn"] is new]
+        out["to_gateway_" + ("new_connection" if new else "reused_connection")] = {
+            "n": len(xs), "mean": round(statistics.fmean(xs), 1) if xs else None}
+    return out
