@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import bench_clients
 import httpx
 import openai
 import pynvml
@@ -144,34 +145,22 @@ def placement(names: list[str]) -> dict[str, Any]:
 
 
 def bench(model_dir: str, base: str, served: str, out: Path, tag: str, prompts: int, conc: int,
-          gw_pid: int | None, detailed: bool = False) -> dict[str, Any]:
+          gw_pid: int | None, detailed: bool = False, clients: int = 1) -> dict[str, Any]:
+    """One pass (bench_clients.py): its figures; with ``detailed`` every request's id, send time
+    and TTFT too; with ``gw_pid`` the gateway's CPU per relayed event."""
     cpu0 = _cpu(gw_pid) if gw_pid else 0.0
-    cmd = [sys.executable, "-m", "vllm.entrypoints.cli.main", "bench", "serve", "--backend", "vllm",
-           "--base-url", base, "--model", model_dir, "--served-model-name", served, "--tokenizer", model_dir,
-           "--dataset-name", "random", "--random-input-len", "128", "--random-output-len", "128", "--ignore-eos",
-           "--num-prompts", str(prompts), "--max-concurrency", str(conc), "--save-result",
-           "--result-dir", str(out), "--result-filename", f"bench-{tag}.json", "--percentile-metrics", "ttft,itl,e2el"]
-    if detailed:
-        cmd.append("--save-detailed")
-        if "--request-id-prefix" in _bench_source():
-            cmd += ["--request-id-prefix", f"{tag}-"]  # request i is "TAG-i" (x-request-id), for trace_join.py
-    log(f"bench {tag}: {base} model={served}")
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    (out / f"bench-{tag}.txt").write_text(p.stdout[-6000:] + p.stderr[-4000:])
-    r = json.loads((out / f"bench-{tag}.json").read_text())
-    keep = {k: r.get(k) for k in ("completed", "total_output_tokens", "duration", "output_throughput",
-                                  "request_throughput", "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms",
-                                  "mean_itl_ms", "median_itl_ms", "p99_itl_ms")}
-    if detailed and r.get("ttfts"):
-        keep["ttfts"] = r["ttfts"]
-        keep["start_times"] = r.get("start_times") or []
+    log(f"bench {tag}: {base} model={served} clients={clients}")
+    r = bench_clients.run(model_dir, base, served, out, tag, prompts, conc, clients,
+                          with_ids=detailed and "--request-id-prefix" in _bench_source())
+    if not detailed:
+        for k in ("ids", "start_times", "ttfts"):
+            r.pop(k)
     if gw_pid:
         cpu = _cpu(gw_pid) - cpu0
         events = (r.get("total_output_tokens") or 0) + 2 * (r.get("completed") or 0)  # tokens + role + [DONE]
-        keep["gateway_cpu_s"] = round(cpu, 2)
-        keep["gateway_cpu_us_per_event"] = round(cpu / max(1, events) * 1e6, 1)
-    (out / f"bench-{tag}.json").unlink()
-    return keep
+        r["gateway_cpu_s"] = round(cpu, 2)
+        r["gateway_cpu_us_per_event"] = round(cpu / max(1, events) * 1e6, 1)
+    return r
 
 
 @functools.cache

@@ -82,7 +82,8 @@ def _gateway_pid() -> int | None:
     return next((i["pid"] for n, i in instances().items() if n == "gateway"), None)
 
 
-def one(model_dir: str, w: Path, target: str, conc: int, tag: str, probe: bool = False) -> dict[str, Any]:
+def one(model_dir: str, w: Path, target: str, conc: int, tag: str, probe: bool = False,
+        clients: int = 1) -> dict[str, Any]:
     base = {"direct": DIRECT, "gateway": GW, "tcp": TCP_RELAY}.get(target) or f"http://127.0.0.1:{target.split(':')[1]}"
     before = _samples(httpx.get(GW + "/metrics", timeout=10).text)
     snap = snapshot(DIRECT, GW) if probe else None
@@ -90,14 +91,14 @@ def one(model_dir: str, w: Path, target: str, conc: int, tag: str, probe: bool =
     sockets = SocketSampler((8001, 8080)) if probe else None
     with sockets or contextlib.nullcontext():
         r = bench(model_dir, base, MODEL, w, tag, prompts=3 * conc, conc=conc,
-                  gw_pid=_gateway_pid() if target == "gateway" else None, detailed=probe)
+                  gw_pid=_gateway_pid() if target == "gateway" else None, detailed=probe, clients=clients)
     if snap is not None and sockets is not None:
         r["probe"] = moved(snap, snapshot(DIRECT, GW))
         r["probe"]["sockets"] = sockets.summary()
-        ttfts, starts = r.pop("ttfts", []), r.pop("start_times", [])
+        ids, starts, ttfts = r.pop("ids"), r.pop("start_times"), r.pop("ttfts")
         r["probe"]["client_ttft"] = ttft_shape(ttfts)
         if traced:
-            r["probe"]["phases"] = join(f"{tag}-", starts, ttfts, _trace(base) or [])
+            r["probe"]["phases"] = join(ids, starts, ttfts, _trace(base) or [])
         log(f"{tag} probe: {json.dumps(r['probe'])}")
     after = _samples(httpx.get(GW + "/metrics", timeout=10).text)
     r.update(target=target, conc=conc, tag=tag)
@@ -106,35 +107,35 @@ def one(model_dir: str, w: Path, target: str, conc: int, tag: str, probe: bool =
         r["queued"] = int(d["q_count"])
         r["mean_queue_wait_ms"] = round(d["q_sum"] / max(1, r.get("completed") or 1) * 1000, 2)
         r["gateway_ttfb_mean_ms"] = round(d["ttfb_sum"] / max(1.0, d["ttfb_count"]) * 1000, 1)
-    log(f"{tag}: " + ", ".join(f"{k}={r.get(k)}" for k in (*KEYS, "queued", "mean_queue_wait_ms")))
+    log(f"{tag}: " + ", ".join(f"{k}={r.get(k)}" for k in (*KEYS, "queued", "mean_queue_wait_ms", "client_cpu_share")))
     return r
 
 
 def run(model_dir: str, w: Path, concs: list[int], passes: int, probe: bool = False,
-        targets: tuple[str, ...] = ("direct", "gateway")) -> list[dict[str, Any]]:
+        targets: tuple[str, ...] = ("direct", "gateway"), clients: int = 1) -> list[dict[str, Any]]:
     rows_path = w / "rows.json"
     rows: list[dict[str, Any]] = json.loads(rows_path.read_text()) if rows_path.exists() else []
     for conc in concs:
         for p in range(passes):
             order = list(targets) if p % 2 == 0 else list(reversed(targets))
             for target in order:
-                rows.append(one(model_dir, w, target, conc, f"c{conc}-p{p}-{target}", probe))
+                rows.append(one(model_dir, w, target, conc, f"c{conc}-k{clients}-p{p}-{target}", probe, clients))
                 rows_path.write_text(json.dumps(rows, indent=1))
     return rows
 
 
 def table(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per concurrency: the median of each metric per target, its spread (min..max), each target's
-    ratio to direct."""
+    """Per concurrency (and client processes, where more than one): the median of each metric per
+    target, its spread (min..max), each target's ratio to direct."""
     res: dict[str, Any] = {}
     targets = sorted({r["target"] for r in rows})
-    for conc in sorted({r["conc"] for r in rows}):
+    for conc, k in sorted({(r["conc"], r.get("clients", 1)) for r in rows}):
         entry: dict[str, Any] = {}
         for key in (*KEYS, "mean_queue_wait_ms", "gateway_cpu_us_per_event"):
             per: dict[str, list[float]] = {}
             for t in targets:
-                vals = [float(r[key]) for r in rows if r["conc"] == conc and r["target"] == t
-                        and r.get(key) is not None]
+                vals = [float(r[key]) for r in rows if r["conc"] == conc and r.get("clients", 1) == k
+                        and r["target"] == t and r.get(key) is not None]
                 if vals:
                     per[t] = vals
             if not per:
@@ -145,7 +146,7 @@ def table(rows: list[dict[str, Any]]) -> dict[str, Any]:
             for t in per:
                 if t != "direct" and base:
                     entry[key][f"ratio_{t}" if t != "gateway" else "ratio"] = round(statistics.median(per[t]) / base, 3)
-        res[str(conc)] = entry
+        res[str(conc) if k == 1 else f"{conc}/k{k}"] = entry
     return res
 
 
@@ -175,6 +176,8 @@ def main() -> None:
                     "counts the master process only")
     ap.add_argument("--probe", action="store_true", help="run: also where the slow first tokens are spent "
                     "(tail_probe.py: vLLM's and the gateway's histograms, TCP counters, each request's TTFT)")
+    ap.add_argument("--clients", type=int, default=1, help="run: vllm bench serve processes per pass, each with "
+                    "conc/K streams (bench_clients.py)")
     ap.add_argument("--targets", default="direct,gateway", help="run: which, in order (tcp: tcp_relay.py on 8090; "
                     "NAME:PORT any other server)")
     a = ap.parse_args()
@@ -183,7 +186,7 @@ def main() -> None:
     if a.phase == "start":
         res: Any = start(a.model_dir, w, a.workers)
     elif a.phase == "run":
-        res = table(run(a.model_dir, w, a.conc, a.passes, a.probe, tuple(a.targets.split(","))))
+        res = table(run(a.model_dir, w, a.conc, a.passes, a.probe, tuple(a.targets.split(",")), a.clients))
     else:
         rows = json.loads((w / "rows.json").read_text()) if (w / "rows.json").exists() else []
         res = {"stop": stop(w), "table": table(rows)}

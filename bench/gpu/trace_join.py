@@ -30,13 +30,13 @@ def _q(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
-def join(prefix: str, starts: list[float], ttfts: list[float], records: list[dict[str, Any]]) -> dict[str, Any]:
-    """``starts``/``ttfts``: the client's, request i having id ``prefix + str(i)``; ``records``: the
-    gateway's trace of the same pass."""
+def join(ids: list[str], starts: list[float], ttfts: list[float], records: list[dict[str, Any]]) -> dict[str, Any]:
+    """``ids``/``starts``/``ttfts``: the clients', request by request; ``records``: the gateway's
+    trace of the same pass."""
     by_id = {r.get("id"): r for r in records}
     rows: list[dict[str, Any]] = []
-    for i, (start, ttft) in enumerate(zip(starts, ttfts, strict=False)):
-        r = by_id.get(f"{prefix}{i}")
+    for rid, start, ttft in zip(ids, starts, ttfts, strict=False):
+        r = by_id.get(rid)
         if r is None or not ttft or "first" not in r or r.get("read") is None:
             continue
         rows.append({"new_conn": r.get("conn") is not None, "ttft": ttft * 1000,

@@ -1,0 +1,133 @@
+"""One pass of ``vllm bench serve`` as K client processes at once, merged into one pass's figures.
+
+Why K: one ``vllm bench serve`` is one Python process; at 256 streams of a tiny model it parses
+~15k SSE events a second and its own CPU time is part of every TTFT it reports (issue 21: single
+passes of one target swung ±25 %). Each pass records each client process's CPU share (its CPU
+seconds over the pass's span), so a run shows whether its client was
+the limit (1.0: a whole core). With ``--clients K`` each process takes conc/K streams and prompts/K prompts, its own
+``--seed`` (distinct random prompts, so none hits the prefix cache of another's) and its own request
+ids; the figures are computed over every request of every process: TTFT and ITL percentiles over
+the union, output tokens/s as the sum of output tokens over the span from the first request's send
+to the last one's end. All stamps are ``time.perf_counter()`` (CLOCK_MONOTONIC), one clock for
+every process on the host. K = 1 is computed the same way, so passes of any K compare.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+
+def _pct(xs: list[float], q: float) -> float:
+    """numpy's default (linear) percentile, as ``vllm bench serve`` reports them."""
+    xs = sorted(xs)
+    pos = q / 100 * (len(xs) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def command(model_dir: str, base: str, served: str, out: Path, name: str, prompts: int, conc: int,
+            seed: int, ids: str | None) -> list[str]:
+    cmd = [sys.executable, "-m", "vllm.entrypoints.cli.main", "bench", "serve", "--backend", "vllm",
+           "--base-url", base, "--model", model_dir, "--served-model-name", served, "--tokenizer", model_dir,
+           "--dataset-name", "random", "--random-input-len", "128", "--random-output-len", "128", "--ignore-eos",
+           "--num-prompts", str(prompts), "--max-concurrency", str(conc), "--seed", str(seed), "--save-result",
+           "--save-detailed", "--result-dir", str(out), "--result-filename", f"{name}.json",
+           "--percentile-metrics", "ttft,itl,e2el"]
+    return cmd + (["--request-id-prefix", ids] if ids is not None else [])
+
+
+def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """One pass's figures from the detailed results of its client processes."""
+    ttfts = [t for p in parts for t, e in zip(p["ttfts"], p["errors"], strict=False) if t and not e]
+    itls = [x for p in parts for xs in p["itls"] for x in xs]
+    ends = [s + lat for p in parts for s, lat in zip(p["start_times"], p["latencies"], strict=False)]
+    span = max(ends) - min(s for p in parts for s in p["start_times"])
+    tokens = sum(p["total_output_tokens"] for p in parts)
+    completed = sum(p["completed"] for p in parts)
+    return {"completed": completed, "total_output_tokens": tokens, "duration": span,
+            "output_throughput": tokens / span, "request_throughput": completed / span,
+            "mean_ttft_ms": statistics.fmean(ttfts) * 1000, "median_ttft_ms": _pct(ttfts, 50) * 1000,
+            "p99_ttft_ms": _pct(ttfts, 99) * 1000, "mean_itl_ms": statistics.fmean(itls) * 1000,
+            "median_itl_ms": _pct(itls, 50) * 1000, "p99_itl_ms": _pct(itls, 99) * 1000}
+
+
+def _cpu_s(pid: int) -> float | None:
+    try:
+        f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class _CpuSampler:
+    """Each client's CPU seconds every 0.2 s on the monotonic clock, so that the share can be taken
+    over the benchmark's own span (a client's start-up imports vLLM: seconds of CPU before it)."""
+
+    def __init__(self, pids: list[int]) -> None:
+        self.pids = pids
+        self.rows: list[tuple[float, list[float | None]]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.2):
+            self.rows.append((time.monotonic(), [_cpu_s(p) for p in self.pids]))
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def share(self, t0: float, t1: float) -> list[float | None]:
+        """Per client: CPU seconds over wall seconds between the samples nearest to t0 and t1."""
+        inside = [(t, c) for t, c in self.rows if t0 <= t <= t1]
+        if len(inside) < 2:
+            return [None] * len(self.pids)
+        (ta, ca), (tb, cb) = inside[0], inside[-1]
+        return [None if a is None or b is None else round((b - a) / (tb - ta), 2) for a, b in zip(ca, cb, strict=True)]
+
+
+def run(model_dir: str, base: str, served: str, out: Path, tag: str, prompts: int, conc: int, clients: int,
+        with_ids: bool) -> dict[str, Any]:
+    """The merged figures, each client's CPU share over the pass, and (for trace_join.py) every
+    request's id, send time and TTFT."""
+    procs: list[tuple[str, subprocess.Popen[bytes]]] = []
+    for k in range(clients):
+        name = f"bench-{tag}-c{k}"
+        cmd = command(model_dir, base, served, out, name, prompts // clients, conc // clients, k,
+                      f"{tag}-c{k}-" if with_ids else None)
+        with open(out / f"{name}.txt", "wb") as log:
+            procs.append((name, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)))
+    cpu = _CpuSampler([p.pid for _, p in procs])
+    try:
+        for name, p in procs:
+            if p.wait(timeout=300):
+                raise RuntimeError(f"{name} exited {p.returncode}: {(out / f'{name}.txt').read_text()[-3000:]}")
+    finally:
+        cpu.stop()
+        for _, p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    parts = []
+    for name, _ in procs:
+        path = out / f"{name}.json"
+        parts.append(json.loads(path.read_text()))
+        path.unlink()
+    res = merge(parts)
+    first = min(s for p in parts for s in p["start_times"])
+    res["clients"] = clients
+    res["client_cpu_share"] = cpu.share(first, first + res["duration"])
+    res["ids"] = [f"{tag}-c{k}-{i}" for k, p in enumerate(parts) for i in range(len(p["ttfts"]))]
+    res["start_times"] = [s for p in parts for s in p["start_times"]]
+    res["ttfts"] = [t for p in parts for t in p["ttfts"]]
+    return res
