@@ -49,7 +49,9 @@ def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
     """One pass's figures from the detailed results of its client processes."""
     ttfts = [t for p in parts for t, e in zip(p["ttfts"], p["errors"], strict=False) if t and not e]
     itls = [x for p in parts for xs in p["itls"] for x in xs]
-    ends = [s + lat for p in parts for s, lat in zip(p["start_times"], p["latencies"], strict=False)]
+    # A request's end: its send + TTFT + every gap after (vLLM 0.24 saves no latencies; this is
+    # how the benchmark computes its latency).
+    ends = [s + t + sum(i) for p in parts for s, t, i in zip(p["start_times"], p["ttfts"], p["itls"], strict=False)]
     span = max(ends) - min(s for p in parts for s in p["start_times"])
     tokens = sum(p["total_output_tokens"] for p in parts)
     completed = sum(p["completed"] for p in parts)
@@ -88,12 +90,14 @@ class _CpuSampler:
         self._thread.join()
 
     def share(self, t0: float, t1: float) -> list[float | None]:
-        """Per client: CPU seconds over wall seconds between the samples nearest to t0 and t1."""
-        inside = [(t, c) for t, c in self.rows if t0 <= t <= t1]
-        if len(inside) < 2:
-            return [None] * len(self.pids)
-        (ta, ca), (tb, cb) = inside[0], inside[-1]
-        return [None if a is None or b is None else round((b - a) / (tb - ta), 2) for a, b in zip(ca, cb, strict=True)]
+        """Per client: CPU seconds over wall seconds between its first and last sample within
+        [t0, t1] (a client that finished early has no sample after its exit)."""
+        out: list[float | None] = []
+        for k in range(len(self.pids)):
+            inside = [(t, c[k]) for t, c in self.rows if t0 <= t <= t1 and c[k] is not None]
+            (ta, ca), (tb, cb) = (inside[0], inside[-1]) if len(inside) >= 2 else ((0.0, 0.0), (0.0, 0.0))
+            out.append(round((cb - ca) / (tb - ta), 2) if tb > ta and ca is not None and cb is not None else None)
+        return out
 
 
 def run(model_dir: str, base: str, served: str, out: Path, tag: str, prompts: int, conc: int, clients: int,

@@ -36,17 +36,22 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_fleet import GW, base_fleet, bench, fleet_healthy, inst, instances, log, wait
 from tail_probe import SocketSampler, moved, snapshot, ttft_shape
-from trace_join import join
+from trace_join import arrivals, join
 
 DIRECT = "http://127.0.0.1:8001"
 TCP_RELAY = "http://127.0.0.1:8090"  # tcp_relay.py, the control for the TTFT tail (--targets)
 MODEL = "tiny"
+VLLM_TRACE = "vllm-trace.txt"
 KEYS = ("output_throughput", "median_ttft_ms", "p99_ttft_ms", "median_itl_ms")
 
 
-def start(model_dir: str, w: Path, workers: int) -> dict[str, Any]:
+def start(model_dir: str, w: Path, workers: int, trace_vllm: bool = False) -> dict[str, Any]:
     fleet = {**base_fleet(w), "instances": [{**inst("a", model_dir, [0], [MODEL], 8001),
                                              "gpu_memory_utilization": 0.5}]}
+    if trace_vllm:  # vllm_trace/sitecustomize.py in the instance: when it read each request
+        here = str(Path(__file__).resolve().parent / "vllm_trace")
+        fleet["instances"][0]["env"] = {"PYTHONPATH": os.pathsep.join([here, os.environ.get("PYTHONPATH", "")]),
+                                        "FLEET_TRACE_FILE": str(w / VLLM_TRACE)}
     fleet["gateway"]["workers"] = workers
     path = w / "fleet.yaml"
     path.write_text(yaml.safe_dump(fleet))
@@ -99,6 +104,8 @@ def one(model_dir: str, w: Path, target: str, conc: int, tag: str, probe: bool =
         r["probe"]["client_ttft"] = ttft_shape(ttfts)
         if traced:
             r["probe"]["phases"] = join(ids, starts, ttfts, _trace(base) or [])
+        if target == "direct" and (w / VLLM_TRACE).exists():
+            r["probe"]["phases"] = arrivals(ids, starts, (w / VLLM_TRACE).read_text().splitlines())
         log(f"{tag} probe: {json.dumps(r['probe'])}")
     after = _samples(httpx.get(GW + "/metrics", timeout=10).text)
     r.update(target=target, conc=conc, tag=tag)
@@ -176,6 +183,8 @@ def main() -> None:
                     "counts the master process only")
     ap.add_argument("--probe", action="store_true", help="run: also where the slow first tokens are spent "
                     "(tail_probe.py: vLLM's and the gateway's histograms, TCP counters, each request's TTFT)")
+    ap.add_argument("--trace-vllm", action="store_true", help="start: the instance notes when it read each "
+                    "request (vllm_trace/), joined with direct passes under --probe")
     ap.add_argument("--clients", type=int, default=1, help="run: vllm bench serve processes per pass, each with "
                     "conc/K streams (bench_clients.py)")
     ap.add_argument("--targets", default="direct,gateway", help="run: which, in order (tcp: tcp_relay.py on 8090; "
@@ -184,7 +193,7 @@ def main() -> None:
     w = Path(a.out)
     w.mkdir(parents=True, exist_ok=True)
     if a.phase == "start":
-        res: Any = start(a.model_dir, w, a.workers)
+        res: Any = start(a.model_dir, w, a.workers, a.trace_vllm)
     elif a.phase == "run":
         res = table(run(a.model_dir, w, a.conc, a.passes, a.probe, tuple(a.targets.split(",")), a.clients))
     else:

@@ -57,3 +57,25 @@ def join(ids: list[str], starts: list[float], ttfts: list[float], records: list[
         out["to_gateway_" + ("new_connection" if new else "reused_connection")] = {
             "n": len(xs), "mean": round(statistics.fmean(xs), 1) if xs else None}
     return out
+
+
+def arrivals(ids: list[str], starts: list[float], lines: list[str]) -> dict[str, Any]:
+    """A traced vLLM's side (``vllm_trace/``, lines ``id read conn``): the client's send → the server's
+    loop read the request, as ``to_gateway`` above, for the direct target."""
+    read: dict[str, tuple[float, bool]] = {}
+    for line in lines:
+        f = line.split()
+        if len(f) == 3:
+            read[f[0]] = (float(f[1]), f[2] != "-")
+    rows = [((read[i][0] - s) * 1000, read[i][1]) for i, s in zip(ids, starts, strict=False) if i in read]
+    if not rows:
+        return {"joined": 0}
+    xs = [x for x, _ in rows]
+    out: dict[str, Any] = {"joined": len(rows), "to_server": {
+        "p50": round(_q(xs, 0.5), 1), "p90": round(_q(xs, 0.9), 1), "p99": round(_q(xs, 0.99), 1),
+        "mean": round(statistics.fmean(xs), 1)}}
+    for new in (True, False):
+        ys = [x for x, n in rows if n is new]
+        out["to_server_" + ("new_connection" if new else "reused_connection")] = {
+            "n": len(ys), "mean": round(statistics.fmean(ys), 1) if ys else None}
+    return out
