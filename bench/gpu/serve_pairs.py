@@ -102,10 +102,11 @@ def one(model_dir: str, w: Path, target: str, conc: int, tag: str, probe: bool =
         r["probe"]["sockets"] = sockets.summary()
         ids, starts, ttfts = r.pop("ids"), r.pop("start_times"), r.pop("ttfts")
         r["probe"]["client_ttft"] = ttft_shape(ttfts)
+        vllm_lines = (w / VLLM_TRACE).read_text().splitlines() if (w / VLLM_TRACE).exists() else []
         if traced:
-            r["probe"]["phases"] = join(ids, starts, ttfts, _trace(base) or [])
-        if target == "direct" and (w / VLLM_TRACE).exists():
-            r["probe"]["phases"] = arrivals(ids, starts, (w / VLLM_TRACE).read_text().splitlines())
+            r["probe"]["phases"] = join(ids, starts, ttfts, _trace(base) or [], vllm_lines)
+        elif target == "direct" and vllm_lines:
+            r["probe"]["phases"] = arrivals(ids, starts, ttfts, vllm_lines)
         log(f"{tag} probe: {json.dumps(r['probe'])}")
     after = _samples(httpx.get(GW + "/metrics", timeout=10).text)
     r.update(target=target, conc=conc, tag=tag)

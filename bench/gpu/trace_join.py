@@ -12,6 +12,10 @@ Phases of one request, in ms:
 - ``back_to_client``: the first chunk sent → the client counted its first token (the write, the
   client's loop reading it among every other stream's chunks).
 
+With a traced vLLM too (``serve_pairs.py start --trace-vllm``), ``in_gateway`` splits into
+``to_vllm`` (app → vLLM's loop read the gateway's request) and ``in_vllm`` (that read → the first
+chunk sent to the client); a direct pass gets ``to_server`` and ``in_server`` (``arrivals``).
+
 For each phase: its median, p90, p99 over the pass, and its mean over the requests with the slowest
 1 % of client TTFTs (where the tail is spent); ``to_gateway`` also apart for a connection's first
 request (the client connected for it) and for requests on a reused connection.
@@ -30,10 +34,13 @@ def _q(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
-def join(ids: list[str], starts: list[float], ttfts: list[float], records: list[dict[str, Any]]) -> dict[str, Any]:
+def join(ids: list[str], starts: list[float], ttfts: list[float], records: list[dict[str, Any]],
+         vllm_lines: list[str] | None = None) -> dict[str, Any]:
     """``ids``/``starts``/``ttfts``: the clients', request by request; ``records``: the gateway's
-    trace of the same pass."""
+    trace of the same pass; ``vllm_lines``: a traced vLLM's (the gateway passes x-request-id on), which
+    split ``in_gateway`` into ``to_vllm`` (app → vLLM read it) and ``in_vllm`` (→ first chunk sent)."""
     by_id = {r.get("id"): r for r in records}
+    reads = _reads(vllm_lines or [])
     rows: list[dict[str, Any]] = []
     for rid, start, ttft in zip(ids, starts, ttfts, strict=False):
         r = by_id.get(rid)
@@ -43,15 +50,20 @@ def join(ids: list[str], starts: list[float], ttfts: list[float], records: list[
                      "to_gateway": (r["read"] - start) * 1000, "read_to_app": (r["app"] - r["read"]) * 1000,
                      "in_gateway": (r["first"] - r["app"]) * 1000,
                      "back_to_client": (start + ttft - r["first"]) * 1000})
+        if rid in reads:
+            rows[-1]["to_vllm"] = (reads[rid][0] - r["app"]) * 1000
+            rows[-1]["in_vllm"] = (r["first"] - reads[rid][0]) * 1000
     if not rows:
         return {"joined": 0, "traced": len(records), "client": len(starts)}
     slow = sorted(rows, key=lambda x: x["ttft"])[-max(1, len(rows) // 100):]
     out: dict[str, Any] = {"joined": len(rows), "traced": len(records), "client": len(starts)}
-    for k in ("ttft", *PHASES):
-        xs = [x[k] for x in rows]
+    for k in ("ttft", *PHASES, "to_vllm", "in_vllm"):
+        xs = [x[k] for x in rows if k in x]
+        if not xs:
+            continue
         out[k] = {"p50": round(_q(xs, 0.5), 1), "p90": round(_q(xs, 0.9), 1), "p99": round(_q(xs, 0.99), 1),
                   "mean": round(statistics.fmean(xs), 1),
-                  "mean_slowest_1pct": round(statistics.fmean(x[k] for x in slow), 1)}
+                  "mean_slowest_1pct": round(statistics.fmean(x.get(k, 0.0) for x in slow), 1)}
     for new in (True, False):
         xs = [x["to_gateway"] for x in rows if x["new_conn"] is new]
         out["to_gateway_" + ("new_connection" if new else "reused_connection")] = {
@@ -59,23 +71,34 @@ def join(ids: list[str], starts: list[float], ttfts: list[float], records: list[
     return out
 
 
-def arrivals(ids: list[str], starts: list[float], lines: list[str]) -> dict[str, Any]:
-    """A traced vLLM's side (``vllm_trace/``, lines ``id read conn``): the client's send → the server's
-    loop read the request, as ``to_gateway`` above, for the direct target."""
+def _reads(lines: list[str]) -> dict[str, tuple[float, bool]]:
+    """A traced vLLM's lines (``vllm_trace/``: ``id read conn``): id → (read, on a new connection)."""
     read: dict[str, tuple[float, bool]] = {}
     for line in lines:
         f = line.split()
         if len(f) == 3:
             read[f[0]] = (float(f[1]), f[2] != "-")
-    rows = [((read[i][0] - s) * 1000, read[i][1]) for i, s in zip(ids, starts, strict=False) if i in read]
+    return read
+
+
+def arrivals(ids: list[str], starts: list[float], ttfts: list[float], lines: list[str]) -> dict[str, Any]:
+    """The direct target through a traced vLLM: the client's send → the server's loop read the
+    request (``to_server``, as ``to_gateway`` above), and read → the client's first token
+    (``in_server``)."""
+    read = _reads(lines)
+    rows = [((read[i][0] - s) * 1000, read[i][1], (s + t - read[i][0]) * 1000)
+            for i, s, t in zip(ids, starts, ttfts, strict=False) if i in read and t]
     if not rows:
         return {"joined": 0}
-    xs = [x for x, _ in rows]
-    out: dict[str, Any] = {"joined": len(rows), "to_server": {
-        "p50": round(_q(xs, 0.5), 1), "p90": round(_q(xs, 0.9), 1), "p99": round(_q(xs, 0.99), 1),
-        "mean": round(statistics.fmean(xs), 1)}}
+    slow = sorted(rows, key=lambda x: x[0] + x[2])[-max(1, len(rows) // 100):]
+    out: dict[str, Any] = {"joined": len(rows)}
+    for name, col in (("to_server", 0), ("in_server", 2)):
+        xs = [x[col] for x in rows]
+        out[name] = {"p50": round(_q(xs, 0.5), 1), "p90": round(_q(xs, 0.9), 1), "p99": round(_q(xs, 0.99), 1),
+                     "mean": round(statistics.fmean(xs), 1),
+                     "mean_slowest_1pct": round(statistics.fmean(float(x[col]) for x in slow), 1)}
     for new in (True, False):
-        ys = [x for x, n in rows if n is new]
+        ys = [x for x, n, _ in rows if n is new]
         out["to_server_" + ("new_connection" if new else "reused_connection")] = {
             "n": len(ys), "mean": round(statistics.fmean(ys), 1) if ys else None}
     return out

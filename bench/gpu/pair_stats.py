@@ -1,0 +1,91 @@
+"""How sure the GPU benchmark's gateway ÷ direct ratios are (issue 21), from serve_pairs.py rows files:
+
+    python3 bench/gpu/pair_stats.py bench/gpu/results/serve-trace-1/rows-*.json
+
+Per file, concurrency and client processes, for tokens/s and TTFT p50/p99: each target's median
+(min–max, n); the ratio of the medians to direct's; the median of the ratios within each
+interleaved pair (pass i of the target ÷ pass i of direct, run back to back); and a 90 % bootstrap
+interval of the ratio of medians (passes resampled with replacement, 2,000 draws, fixed seed). An
+interval that holds both 0.95 and 1.05 says the run cannot tell a 5 % difference.
+
+Then, for passes with per-request timestamps (``--probe`` with a traced gateway or ``--trace-vllm``):
+the client's send → the server's read (``to_server`` for vLLM direct, ``to_gateway`` for the
+gateway), apart for a connection's first request, and the gateway's own stages.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import statistics
+import sys
+from typing import Any
+
+KEYS = (("output_throughput", "tokens/s"), ("median_ttft_ms", "TTFT p50"), ("p99_ttft_ms", "TTFT p99"))
+_PASS = re.compile(r"-p(\d+)-")
+
+
+def _boot(a: list[float], b: list[float], rng: random.Random, draws: int = 2000) -> tuple[float, float]:
+    ratios = sorted(statistics.median(rng.choices(a, k=len(a))) / statistics.median(rng.choices(b, k=len(b)))
+                    for _ in range(draws))
+    return ratios[int(0.05 * draws)], ratios[int(0.95 * draws) - 1]
+
+
+def ratios(path: str, rows: list[dict[str, Any]]) -> None:
+    rng = random.Random(21)
+    for conc, k in sorted({(r["conc"], r.get("clients", 1)) for r in rows}):
+        group = [r for r in rows if r["conc"] == conc and r.get("clients", 1) == k]
+        targets = sorted({r["target"] for r in group}, key=lambda t: (t != "direct", t))
+        print(f"\n{path}: {conc} concurrent, {k} client process(es)\n")
+        print("| target | what | median (min–max), n | ÷ direct, medians | ÷ direct, median of pairs | 90 % interval |")
+        print("|---|---|---|---|---|---|")
+        for t in targets:
+            for key, label in KEYS:
+                by_pass = {int(_PASS.search(r["tag"]).group(1)): r[key] for r in group  # type: ignore[union-attr]
+                           if r["target"] == t}
+                vals = list(by_pass.values())
+                cell = f"{statistics.median(vals):,.0f} ({min(vals):,.0f}–{max(vals):,.0f}), {len(vals)}"
+                if t == "direct":
+                    print(f"| {t} | {label} | {cell} | | | |")
+                    continue
+                base = {int(_PASS.search(r["tag"]).group(1)): r[key] for r in group  # type: ignore[union-attr]
+                        if r["target"] == "direct"}
+                pairs = [by_pass[p] / base[p] for p in by_pass if p in base]
+                lo, hi = _boot(vals, list(base.values()), rng)
+                print(f"| {t} | {label} | {cell} | {statistics.median(vals) / statistics.median(base.values()):.2f} "
+                      f"| {statistics.median(pairs):.2f} | {lo:.2f}–{hi:.2f} |")
+
+
+def _pq(p: dict[str, Any], k: str) -> str:
+    return f"{p[k]['p50']} / {p[k]['p99']} / {p[k]['mean_slowest_1pct']}" if k in p else "—"
+
+
+def phases(rows: list[dict[str, Any]]) -> None:
+    traced = [r for r in rows if (r.get("probe") or {}).get("phases", {}).get("joined")]
+    if not traced:
+        return
+    print("\n| pass | client → server read, p50 / mean ms | first request on a connection, mean | reused, mean "
+          "| read → app p50 | first chunk → client p50 | app → vLLM read, p50 / p99 / slowest 1 % "
+          "| vLLM read → first chunk, p50 / p99 / slowest 1 % | TTFT p50 / p99 |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in traced:
+        p = r["probe"]["phases"]
+        side = "to_server" if "to_server" in p else "to_gateway"
+        gw = "read_to_app" in p
+        print(f"| {r['tag']} | {p[side]['p50']} / {p[side]['mean']} | {p[side + '_new_connection']['mean']} "
+              f"| {p[side + '_reused_connection']['mean']} | {p['read_to_app']['p50'] if gw else '—'} "
+              f"| {p['back_to_client']['p50'] if gw else '—'} | {_pq(p, 'to_vllm')} "
+              f"| {_pq(p, 'in_vllm' if gw else 'in_server')} | {r['median_ttft_ms']:.0f} / {r['p99_ttft_ms']:.0f} |")
+
+
+def main(paths: list[str]) -> None:
+    for path in paths:
+        with open(path) as f:
+            rows = json.load(f)
+        ratios(path, rows)
+        phases(rows)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
