@@ -13,6 +13,11 @@ gateway pass also reads, from the gateway's /metrics before and after, how many 
 in the gateway and their mean wait (``fleet_queue_wait_seconds``), and the mean time to first
 byte the gateway measured (``fleet_time_to_first_byte_seconds``). ``up`` is started in its own
 session so that it outlives one device call; ``stop`` stops it by PID (OUT/up.pid).
+
+``run --clients K`` splits each pass over K client processes (bench_clients.py). ``run --probe``
+adds where the time goes (tail_probe.py); against a traced gateway (gateway_variant.py --trace)
+and after ``start --trace-vllm`` it also places each request's time (trace_join.py), and
+pair_stats.py turns the rows into ratios with their intervals.
 """
 
 from __future__ import annotations
