@@ -8,6 +8,9 @@ For every POST it keeps, on ``time.perf_counter()`` (CLOCK_MONOTONIC on Linux, t
 - ``read``: the event loop read the request's first bytes (httptools' ``on_message_begin``);
 - ``app``: the ASGI app was called (uvicorn's task for the request started);
 - ``head``: the app sent ``http.response.start``;
+- ``sent``: the request went to the upstream pool (a connection taken or opened, then written);
+  ``connect`` where a new upstream connection was opened for it (its start), ``upstream_head``
+  when vLLM's response head was in;
 - ``first``: the app sent the first non-empty body chunk;
 - ``end``: the app returned;
 
@@ -17,14 +20,17 @@ keyed by the request's ``x-request-id`` (``vllm bench serve`` sends one per requ
 
 from __future__ import annotations
 
+import contextvars
 import json
 import time
 from typing import Any
 
 import gateway.app as app_module
 import gateway.coalesce as coalesce
+import gateway.upstream as upstream
 
 RECORDS: list[dict[str, Any]] = []
+_CURRENT: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar("trace", default=None)
 
 
 def install() -> None:
@@ -47,6 +53,27 @@ def install() -> None:
     proto.connection_made = connection_made  # type: ignore[method-assign]
     proto.on_message_begin = on_message_begin  # type: ignore[method-assign]
     proto.on_headers_complete = on_headers_complete  # type: ignore[method-assign]
+
+    pool = upstream.UpstreamPool
+    send_, connect_ = pool.send, pool._connect
+
+    async def send(self: Any, origin: Any, request: Any, head_deadline: float) -> Any:
+        rec = _CURRENT.get()
+        if rec is not None:
+            rec.setdefault("sent", time.perf_counter())  # the first try, not a retry's
+        conn = await send_(self, origin, request, head_deadline)
+        if rec is not None:
+            rec.setdefault("upstream_head", time.perf_counter())
+        return conn
+
+    async def connect(self: Any, origin: Any) -> Any:
+        rec = _CURRENT.get()
+        if rec is not None:
+            rec.setdefault("connect", time.perf_counter())
+        return await connect_(self, origin)
+
+    pool.send = send  # type: ignore[method-assign]
+    pool._connect = connect  # type: ignore[method-assign]
 
     call = app_module.FleetGateway.__call__
 
@@ -73,6 +100,7 @@ def install() -> None:
                 rec["first"] = time.perf_counter()
             await send(message)
 
+        _CURRENT.set(rec)
         try:
             await call(self, scope, receive, stamping)
         finally:

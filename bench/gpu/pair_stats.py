@@ -46,11 +46,11 @@ def ratios(path: str, rows: list[dict[str, Any]]) -> None:
                            if r["target"] == t}
                 vals = list(by_pass.values())
                 cell = f"{statistics.median(vals):,.0f} ({min(vals):,.0f}–{max(vals):,.0f}), {len(vals)}"
-                if t == "direct":
-                    print(f"| {t} | {label} | {cell} | | | |")
-                    continue
                 base = {int(_PASS.search(r["tag"]).group(1)): r[key] for r in group  # type: ignore[union-attr]
                         if r["target"] == "direct"}
+                if t == "direct" or not base:
+                    print(f"| {t} | {label} | {cell} | | | |")
+                    continue
                 pairs = [by_pass[p] / base[p] for p in by_pass if p in base]
                 lo, hi = _boot(vals, list(base.values()), rng)
                 print(f"| {t} | {label} | {cell} | {statistics.median(vals) / statistics.median(base.values()):.2f} "
@@ -61,21 +61,29 @@ def _pq(p: dict[str, Any], k: str) -> str:
     return f"{p[k]['p50']} / {p[k]['p99']} / {p[k]['mean_slowest_1pct']}" if k in p else "—"
 
 
+def _split(p: dict[str, Any]) -> str:
+    new = p.get("to_vllm_new_upstream_connection")
+    if "app_to_send" not in p or not new:
+        return "—"
+    return f"{p['app_to_send']['p99']}; {new['n']} ({new['mean']})"
+
+
 def phases(rows: list[dict[str, Any]]) -> None:
     traced = [r for r in rows if (r.get("probe") or {}).get("phases", {}).get("joined")]
     if not traced:
         return
     print("\n| pass | client → server read, p50 / mean ms | first request on a connection, mean | reused, mean "
           "| read → app p50 | first chunk → client p50 | app → vLLM read, p50 / p99 / slowest 1 % "
+          "| of which app → upstream pool, p99; new upstream connections, n (mean to vLLM read) "
           "| vLLM read → first chunk, p50 / p99 / slowest 1 % | TTFT p50 / p99 |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in traced:
         p = r["probe"]["phases"]
         side = "to_server" if "to_server" in p else "to_gateway"
         gw = "read_to_app" in p
         print(f"| {r['tag']} | {p[side]['p50']} / {p[side]['mean']} | {p[side + '_new_connection']['mean']} "
               f"| {p[side + '_reused_connection']['mean']} | {p['read_to_app']['p50'] if gw else '—'} "
-              f"| {p['back_to_client']['p50'] if gw else '—'} | {_pq(p, 'to_vllm')} "
+              f"| {p['back_to_client']['p50'] if gw else '—'} | {_pq(p, 'to_vllm')} | {_split(p)} "
               f"| {_pq(p, 'in_vllm' if gw else 'in_server')} | {r['median_ttft_ms']:.0f} / {r['p99_ttft_ms']:.0f} |")
 
 

@@ -14,7 +14,10 @@ Phases of one request, in ms:
 
 With a traced vLLM too (``serve_pairs.py start --trace-vllm``), ``in_gateway`` splits into
 ``to_vllm`` (app → vLLM's loop read the gateway's request) and ``in_vllm`` (that read → the first
-chunk sent to the client); a direct pass gets ``to_server`` and ``in_server`` (``arrivals``).
+chunk sent to the client), and ``to_vllm`` again into ``app_to_send`` (routing, limits: until the
+request goes to the upstream pool) and ``send_to_vllm`` (a connection taken or opened, written,
+read by vLLM), with ``to_vllm`` apart for requests that opened a new upstream connection. A
+direct pass gets ``to_server`` and ``in_server`` (``arrivals``).
 
 For each phase: its median, p90, p99 over the pass, and its mean over the requests with the slowest
 1 % of client TTFTs (where the tail is spent); ``to_gateway`` also apart for a connection's first
@@ -50,14 +53,19 @@ def join(ids: list[str], starts: list[float], ttfts: list[float], records: list[
                      "to_gateway": (r["read"] - start) * 1000, "read_to_app": (r["app"] - r["read"]) * 1000,
                      "in_gateway": (r["first"] - r["app"]) * 1000,
                      "back_to_client": (start + ttft - r["first"]) * 1000})
+        if "sent" in r:
+            rows[-1]["app_to_send"] = (r["sent"] - r["app"]) * 1000
+            rows[-1]["connected"] = "connect" in r
         if rid in reads:
             rows[-1]["to_vllm"] = (reads[rid][0] - r["app"]) * 1000
             rows[-1]["in_vllm"] = (r["first"] - reads[rid][0]) * 1000
+            if "sent" in r:
+                rows[-1]["send_to_vllm"] = (reads[rid][0] - r["sent"]) * 1000
     if not rows:
         return {"joined": 0, "traced": len(records), "client": len(starts)}
     slow = sorted(rows, key=lambda x: x["ttft"])[-max(1, len(rows) // 100):]
     out: dict[str, Any] = {"joined": len(rows), "traced": len(records), "client": len(starts)}
-    for k in ("ttft", *PHASES, "to_vllm", "in_vllm"):
+    for k in ("ttft", *PHASES, "to_vllm", "in_vllm", "app_to_send", "send_to_vllm"):
         xs = [x[k] for x in rows if k in x]
         if not xs:
             continue
@@ -68,6 +76,9 @@ def join(ids: list[str], starts: list[float], ttfts: list[float], records: list[
         xs = [x["to_gateway"] for x in rows if x["new_conn"] is new]
         out["to_gateway_" + ("new_connection" if new else "reused_connection")] = {
             "n": len(xs), "mean": round(statistics.fmean(xs), 1) if xs else None}
+        ys = [x["to_vllm"] for x in rows if x.get("connected") is new and "to_vllm" in x]
+        out["to_vllm_" + ("new_upstream_connection" if new else "pooled_upstream_connection")] = {
+            "n": len(ys), "mean": round(statistics.fmean(ys), 1) if ys else None}
     return out
 
 
