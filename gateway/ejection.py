@@ -16,29 +16,26 @@ and moves the backend; the metrics and the routers learn of it as subscribers.
 
 With several workers (shared.py) the failures in a row are the gateway's: each worker publishes
 its own count and compares the sum over the workers with ``eject_failures``; a worker that ejects
-publishes the ejection's end, and every other worker, looking every ``SYNC_S``, ejects the backend
+publishes the ejection's end, and every other worker, looking every ``shared.SYNC_S``, ejects the backend
 from its own rotation until then (under the same last-replica rule). It comes back through the
 first good probe after the end, in any worker: probe verdicts are shared too (health.py).
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import time
 
 from gateway.backend import Backend, BackendSet
 from gateway.metrics import GatewayMetrics
 from gateway.settings import GatewaySettings
-from gateway.shared import EJECTED_UNTIL, FAILURES, SharedCounts, column_of, gateway_total, publish
+from gateway.shared import EJECTED_UNTIL, FAILURES, Follower, SharedCounts, column_of, gateway_total, publish
 from gateway.state import BackendState
 
 log = logging.getLogger("gateway.ejection")
 
 # Statuses that say "this server could not do it", as opposed to "this request was wrong".
 FAILURE_STATUSES = frozenset({502, 503, 504})
-SYNC_S = 0.1  # how often a worker looks for ejections made by the others
 
 
 class Ejector:
@@ -50,7 +47,7 @@ class Ejector:
         self.max_s = settings.eject_max_s
         self.metrics = metrics
         self.shared = shared
-        self._sync: asyncio.Task[None] | None = None
+        self._follower = Follower(self.follow_once, "ejection-sync") if shared is not None else None
         if shared is not None:
             backends.subscribe(self._returned)
 
@@ -84,20 +81,12 @@ class Ejector:
             publish(self.shared, b, 0, FAILURES)
 
     def start(self) -> None:
-        if self.shared is not None and self._sync is None:
-            self._sync = asyncio.create_task(self._follow(), name="ejection-sync")
+        if self._follower is not None:
+            self._follower.start()
 
     async def stop(self) -> None:
-        if self._sync is not None:
-            self._sync.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._sync
-            self._sync = None
-
-    async def _follow(self) -> None:
-        while True:
-            await asyncio.sleep(SYNC_S)
-            self.follow_once()
+        if self._follower is not None:
+            await self._follower.stop()
 
     def follow_once(self) -> None:
         """Eject from this worker's rotation what another worker ejected, until the end it set."""

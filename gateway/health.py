@@ -11,7 +11,7 @@ sleeping, draining or a restart) is probed at once rather than at the next inter
 requests may be waiting for it.
 
 With several workers (shared.py) each worker probes every backend, and a move its own probes make
-is published with its time. Every ``SYNC_S`` each worker adopts the freshest such verdict of any
+is published with its time. Every ``shared.SYNC_S`` each worker adopts the freshest such verdict of any
 worker that is newer than its own last change of that backend (so a verdict from before a
 supervisor's hand-back or an ejection never counts), and starts its own streaks over. The first
 worker to see ``health_failures`` bad probes takes the backend out of every worker's rotation; the
@@ -22,7 +22,6 @@ ejection, shared too, has ended). Supervisor states are not adopted: every worke
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Coroutine
@@ -33,12 +32,11 @@ import aiohttp
 from gateway.backend import Backend, BackendSet
 from gateway.poller import BackendPoller
 from gateway.settings import GatewaySettings
-from gateway.shared import PROBED, SharedCounts, column_of, publish
+from gateway.shared import PROBED, Follower, SharedCounts, column_of, publish
 from gateway.state import PROBE_STATES, BackendState, Writer
 
 log = logging.getLogger("gateway.health")
 
-SYNC_S = 0.1  # how often a worker looks for the other workers' verdicts
 # A published verdict: wall-clock microseconds × 4 + one of these codes.
 _CODES = {BackendState.HEALTHY: 1, BackendState.UNHEALTHY: 2}
 _VERDICTS = {code: state for state, code in _CODES.items()}
@@ -55,20 +53,17 @@ class HealthChecker(BackendPoller):
         self.shared = shared
         self._count_probe = count_probe  # (backend name, ok) -> None: the probe counter
         self._urgent: set[asyncio.Task[None]] = set()
-        self._sync: asyncio.Task[None] | None = None
+        self._follower = Follower(self.follow_once, "probe-sync") if shared is not None else None
         backends.subscribe(self._handed_back)
 
     async def start(self) -> None:
         await super().start()
-        if self.shared is not None:
-            self._sync = asyncio.create_task(self._follow(), name="probe-sync")
+        if self._follower is not None:
+            self._follower.start()
 
     async def stop(self) -> None:
-        if self._sync is not None:
-            self._sync.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._sync
-            self._sync = None
+        if self._follower is not None:
+            await self._follower.stop()
         await super().stop()
 
     async def poll(self, b: Backend) -> None:
@@ -87,11 +82,6 @@ class HealthChecker(BackendPoller):
                 await self._discover(b)
         elif b.healthy and not b.models:
             await self._discover(b)
-
-    async def _follow(self) -> None:
-        while True:
-            await asyncio.sleep(SYNC_S)
-            self.follow_once()
 
     def follow_once(self) -> None:
         """Adopt the other workers' verdicts that are newer than this worker's own view."""

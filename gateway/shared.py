@@ -25,10 +25,12 @@ column the same way, the first time any worker asks, and keep it.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import fcntl
 import mmap
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Protocol
 
@@ -43,6 +45,7 @@ EJECTED_UNTIL = 2  # the end of the backend's ejection, wall-clock milliseconds;
 QUEUED = 3  # requests waiting in a model's queue (the column of the model's name; limiter.py)
 PROBED = 4  # the last move this worker's own probes made: wall-clock µs × 4 + the new state (health.py)
 PLANES = 5
+SYNC_S = 0.1  # how often a worker looks for what the others published (ejections, probe verdicts)
 
 
 def file_size(rows: int) -> int:
@@ -85,6 +88,32 @@ def gateway_total(shared: SharedCounts | None, b: _Keyed, own: int, plane: int =
     there is no table or no column for it."""
     col = column_of(shared, b)
     return own if col is None or shared is None else shared.total(col, plane)
+
+
+class Follower:
+    """Calls ``look`` every ``SYNC_S`` in a task of its own between ``start`` and ``stop``: how a
+    worker follows what the other workers publish (ejection.py, health.py)."""
+
+    def __init__(self, look: Callable[[], None], name: str) -> None:
+        self._look = look
+        self._name = name
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name=self._name)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(SYNC_S)
+            self._look()
 
 
 def _alive(pid: int) -> bool:

@@ -21,8 +21,10 @@ keyed by the request's ``x-request-id`` (``vllm bench serve`` sends one per requ
 from __future__ import annotations
 
 import contextvars
+import importlib.util
 import json
 import time
+from pathlib import Path
 from typing import Any
 
 import gateway.app as app_module
@@ -33,25 +35,27 @@ RECORDS: list[dict[str, Any]] = []
 _CURRENT: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar("trace", default=None)
 
 
+def _vllm_trace() -> Any:
+    """vllm_trace/sitecustomize.py, loaded under a name of its own (a process may have a real
+    sitecustomize already)."""
+    path = Path(__file__).resolve().parent / "vllm_trace" / "sitecustomize.py"
+    spec = importlib.util.spec_from_file_location("fleet_vllm_trace", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def install() -> None:
     proto = coalesce.HttpToolsProtocol
-    made, begin, headers_done = proto.connection_made, proto.on_message_begin, proto.on_headers_complete
-
-    def connection_made(self: Any, transport: Any) -> None:
-        self._trace_conn = time.perf_counter()
-        made(self, transport)
-
-    def on_message_begin(self: Any) -> None:
-        self._trace_read = time.perf_counter()
-        begin(self)
+    _vllm_trace().stamp_reads(proto)
+    headers_done = proto.on_headers_complete
 
     def on_headers_complete(self: Any) -> None:
         headers_done(self)  # builds self.scope; the request's task runs later, after this returns
         self.scope["trace"] = {"conn": getattr(self, "_trace_conn", None), "read": self._trace_read}
         self._trace_conn = None  # only a connection's first request waited for the accept
 
-    proto.connection_made = connection_made  # type: ignore[method-assign]
-    proto.on_message_begin = on_message_begin  # type: ignore[method-assign]
     proto.on_headers_complete = on_headers_complete  # type: ignore[method-assign]
 
     pool = upstream.UpstreamPool

@@ -14,13 +14,11 @@ import time
 from typing import Any
 
 
-def _install(path: str) -> None:
-    try:
-        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as P
-    except ImportError:
-        return
-    out = open(path, "a", buffering=1)  # noqa: SIM115 - lives as long as the process
-    made, begin, done = P.connection_made, P.on_message_begin, P.on_headers_complete
+def stamp_reads(proto: Any) -> None:
+    """Patch uvicorn's httptools protocol class ``proto`` (or a subclass) to note when each
+    connection was accepted (``_trace_conn``) and when the loop read a request's first bytes
+    (``_trace_read``); gateway_trace.py uses it too."""
+    made, begin = proto.connection_made, proto.on_message_begin
 
     def connection_made(self: Any, transport: Any) -> None:
         self._trace_conn = time.perf_counter()
@@ -30,16 +28,27 @@ def _install(path: str) -> None:
         self._trace_read = time.perf_counter()
         begin(self)
 
+    proto.connection_made = connection_made
+    proto.on_message_begin = on_message_begin
+
+
+def _install(path: str) -> None:
+    try:
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as P
+    except ImportError:
+        return
+    out = open(path, "a", buffering=1)  # noqa: SIM115 - lives as long as the process
+    stamp_reads(P)
+    done = P.on_headers_complete
+
     def on_headers_complete(self: Any) -> None:
         done(self)
         rid = next((v.decode() for k, v in self.headers if k == b"x-request-id"), None)
         if rid:
             conn = getattr(self, "_trace_conn", None)
             out.write(f"{rid} {self._trace_read:.6f} {'-' if conn is None else f'{conn:.6f}'}\n")
-        self._trace_conn = None
+        self._trace_conn = None  # only a connection's first request waited for the accept
 
-    P.connection_made = connection_made  # type: ignore[method-assign]
-    P.on_message_begin = on_message_begin  # type: ignore[method-assign]
     P.on_headers_complete = on_headers_complete  # type: ignore[method-assign]
 
 
