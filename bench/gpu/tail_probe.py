@@ -101,6 +101,7 @@ class SocketSampler:
         self.ports = ports
         self.interval = interval
         self.rows: list[dict[str, Any]] = []
+        self.missing = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -115,7 +116,11 @@ class SocketSampler:
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
-            out = subprocess.run(["ss", "-tanH"], capture_output=True, text=True).stdout
+            try:
+                out = subprocess.run(["ss", "-tanH"], capture_output=True, text=True).stdout
+            except FileNotFoundError:
+                self.missing = True  # no `ss` on this host: nothing measured, and summary() says so
+                return
             row: dict[str, Any] = {"t": round(time.monotonic() - self._t0, 2)}
             for port in self.ports:
                 acceptq, unread, most, conns = 0, 0, 0, 0
@@ -136,6 +141,8 @@ class SocketSampler:
     def summary(self) -> dict[str, Any]:
         """Per port: the largest accept queue, most connections with unread requests at once, and
         the samples (t, [accept queue, connections, with unread bytes, most bytes]) where any was."""
+        if self.missing:
+            return {"error": "ss not found: no socket samples"}
         res: dict[str, Any] = {}
         for port in map(str, self.ports):
             vals = [(r["t"], r[port]) for r in self.rows if port in r]
