@@ -62,7 +62,8 @@ def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
             "median_itl_ms": _pct(itls, 50) * 1000, "p99_itl_ms": _pct(itls, 99) * 1000}
 
 
-def _cpu_s(pid: int) -> float | None:
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of process ``pid`` so far; None once it is gone."""
     try:
         f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
@@ -83,7 +84,7 @@ class _CpuSampler:
 
     def _run(self) -> None:
         while not self._stop.wait(0.2):
-            self.rows.append((time.monotonic(), [_cpu_s(p) for p in self.pids]))
+            self.rows.append((time.monotonic(), [cpu_seconds(p) for p in self.pids]))
 
     def stop(self) -> None:
         self._stop.set()

@@ -171,8 +171,10 @@ def _bench_source() -> str:
 
 
 def _cpu(pid: int) -> float:
-    f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+    cpu = bench_clients.cpu_seconds(pid)
+    if cpu is None:
+        raise RuntimeError(f"process {pid} is gone: no CPU figure for it")
+    return cpu
 
 
 def base_fleet(out: Path) -> dict[str, Any]:

@@ -32,6 +32,16 @@ def _boot(a: list[float], b: list[float], rng: random.Random, draws: int = 2000)
     return ratios[int(0.05 * draws)], ratios[int(0.95 * draws) - 1]
 
 
+def _by_pass(group: list[dict[str, Any]], target: str, key: str) -> dict[int, float]:
+    """``target``'s ``key`` by pass number (tags "c256-k1-p3-gateway")."""
+    out: dict[int, float] = {}
+    for r in group:
+        m = _PASS.search(r["tag"])
+        if m and r["target"] == target:
+            out[int(m.group(1))] = r[key]
+    return out
+
+
 def ratios(path: str, rows: list[dict[str, Any]]) -> None:
     rng = random.Random(21)
     for conc, k in sorted({(r["conc"], r.get("clients", 1)) for r in rows}):
@@ -42,12 +52,9 @@ def ratios(path: str, rows: list[dict[str, Any]]) -> None:
         print("|---|---|---|---|---|---|")
         for t in targets:
             for key, label in KEYS:
-                by_pass = {int(_PASS.search(r["tag"]).group(1)): r[key] for r in group  # type: ignore[union-attr]
-                           if r["target"] == t}
+                by_pass, base = _by_pass(group, t, key), _by_pass(group, "direct", key)
                 vals = list(by_pass.values())
                 cell = f"{statistics.median(vals):,.0f} ({min(vals):,.0f}–{max(vals):,.0f}), {len(vals)}"
-                base = {int(_PASS.search(r["tag"]).group(1)): r[key] for r in group  # type: ignore[union-attr]
-                        if r["target"] == "direct"}
                 if t == "direct" or not base:
                     print(f"| {t} | {label} | {cell} | | | |")
                     continue

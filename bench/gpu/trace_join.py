@@ -37,6 +37,16 @@ def _q(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
+def _summary(xs: list[float], slowest: list[float]) -> dict[str, float]:
+    """One phase over a pass: ``xs`` every request's, ``slowest`` those of the slowest 1 %."""
+    return {"p50": round(_q(xs, 0.5), 1), "p90": round(_q(xs, 0.9), 1), "p99": round(_q(xs, 0.99), 1),
+            "mean": round(statistics.fmean(xs), 1), "mean_slowest_1pct": round(statistics.fmean(slowest), 1)}
+
+
+def _mean(xs: list[float]) -> dict[str, Any]:
+    return {"n": len(xs), "mean": round(statistics.fmean(xs), 1) if xs else None}
+
+
 def join(ids: list[str], starts: list[float], ttfts: list[float], records: list[dict[str, Any]],
          vllm_lines: list[str] | None = None) -> dict[str, Any]:
     """``ids``/``starts``/``ttfts``: the clients', request by request; ``records``: the gateway's
@@ -69,16 +79,12 @@ def join(ids: list[str], starts: list[float], ttfts: list[float], records: list[
         xs = [x[k] for x in rows if k in x]
         if not xs:
             continue
-        out[k] = {"p50": round(_q(xs, 0.5), 1), "p90": round(_q(xs, 0.9), 1), "p99": round(_q(xs, 0.99), 1),
-                  "mean": round(statistics.fmean(xs), 1),
-                  "mean_slowest_1pct": round(statistics.fmean(x.get(k, 0.0) for x in slow), 1)}
+        out[k] = _summary(xs, [x.get(k, 0.0) for x in slow])
     for new in (True, False):
-        xs = [x["to_gateway"] for x in rows if x["new_conn"] is new]
-        out["to_gateway_" + ("new_connection" if new else "reused_connection")] = {
-            "n": len(xs), "mean": round(statistics.fmean(xs), 1) if xs else None}
-        ys = [x["to_vllm"] for x in rows if x.get("connected") is new and "to_vllm" in x]
-        out["to_vllm_" + ("new_upstream_connection" if new else "pooled_upstream_connection")] = {
-            "n": len(ys), "mean": round(statistics.fmean(ys), 1) if ys else None}
+        out["to_gateway_" + ("new_connection" if new else "reused_connection")] = _mean(
+            [x["to_gateway"] for x in rows if x["new_conn"] is new])
+        out["to_vllm_" + ("new_upstream_connection" if new else "pooled_upstream_connection")] = _mean(
+            [x["to_vllm"] for x in rows if x.get("connected") is new and "to_vllm" in x])
     return out
 
 
@@ -104,12 +110,8 @@ def arrivals(ids: list[str], starts: list[float], ttfts: list[float], lines: lis
     slow = sorted(rows, key=lambda x: x[0] + x[2])[-max(1, len(rows) // 100):]
     out: dict[str, Any] = {"joined": len(rows)}
     for name, col in (("to_server", 0), ("in_server", 2)):
-        xs = [x[col] for x in rows]
-        out[name] = {"p50": round(_q(xs, 0.5), 1), "p90": round(_q(xs, 0.9), 1), "p99": round(_q(xs, 0.99), 1),
-                     "mean": round(statistics.fmean(xs), 1),
-                     "mean_slowest_1pct": round(statistics.fmean(float(x[col]) for x in slow), 1)}
+        out[name] = _summary([float(x[col]) for x in rows], [float(x[col]) for x in slow])
     for new in (True, False):
-        ys = [x for x, n, _ in rows if n is new]
-        out["to_server_" + ("new_connection" if new else "reused_connection")] = {
-            "n": len(ys), "mean": round(statistics.fmean(ys), 1) if ys else None}
+        out["to_server_" + ("new_connection" if new else "reused_connection")] = _mean(
+            [x for x, n, _ in rows if n is new])
     return out
