@@ -9,8 +9,8 @@ For every POST it keeps, on ``time.perf_counter()`` (CLOCK_MONOTONIC on Linux, t
 - ``app``: the ASGI app was called (uvicorn's task for the request started);
 - ``head``: the app sent ``http.response.start``;
 - ``sent``: the request went to the upstream pool (a connection taken or opened, then written);
-  ``connect`` where a new upstream connection was opened for it (its start), ``upstream_head``
-  when vLLM's response head was in;
+  ``connect`` where a new upstream connection was opened for it (its start) and ``connected``
+  (the gateway's loop saw it established), ``upstream_head`` when vLLM's response head was in;
 - ``first``: the app sent the first non-empty body chunk;
 - ``end``: the app returned;
 
@@ -74,7 +74,10 @@ def install() -> None:
         rec = _CURRENT.get()
         if rec is not None:
             rec.setdefault("connect", time.perf_counter())
-        return await connect_(self, origin)
+        conn = await connect_(self, origin)
+        if rec is not None:
+            rec.setdefault("connected", time.perf_counter())  # the gateway's loop saw it established
+        return conn
 
     pool.send = send  # type: ignore[method-assign]
     pool._connect = connect  # type: ignore[method-assign]

@@ -109,7 +109,9 @@ def one(model_dir: str, w: Path, target: str, conc: int, tag: str, probe: bool =
         r["probe"]["client_ttft"] = ttft_shape(ttfts)
         vllm_lines = (w / VLLM_TRACE).read_text().splitlines() if (w / VLLM_TRACE).exists() else []
         if traced:
-            r["probe"]["phases"] = join(ids, starts, ttfts, _trace(base) or [], vllm_lines)
+            records = _trace(base) or []
+            (w / f"trace-{tag}.json").write_text(json.dumps(records))  # raw, for questions asked later
+            r["probe"]["phases"] = join(ids, starts, ttfts, records, vllm_lines)
         elif target == "direct" and vllm_lines:
             r["probe"]["phases"] = arrivals(ids, starts, ttfts, vllm_lines)
         log(f"{tag} probe: {json.dumps(r['probe'])}")

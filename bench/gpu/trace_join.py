@@ -16,8 +16,12 @@ With a traced vLLM too (``serve_pairs.py start --trace-vllm``), ``in_gateway`` s
 ``to_vllm`` (app → vLLM's loop read the gateway's request) and ``in_vllm`` (that read → the first
 chunk sent to the client), and ``to_vllm`` again into ``app_to_send`` (routing, limits: until the
 request goes to the upstream pool) and ``send_to_vllm`` (a connection taken or opened, written,
-read by vLLM), with ``to_vllm`` apart for requests that opened a new upstream connection. A
-direct pass gets ``to_server`` and ``in_server`` (``arrivals``).
+read by vLLM), with ``to_vllm`` apart for requests that opened a new upstream connection. Such a
+request's ``send_to_vllm`` splits once more: ``connecting`` (the gateway's connect until its loop
+saw the connection up), ``to_accept`` (→ vLLM's server accepted it) and ``accept_to_read``
+(→ vLLM's loop read the request, which the gateway wrote at once). A direct pass gets
+``to_server`` and ``in_server`` (``arrivals``), and ``accept_to_read`` for a connection's first
+request.
 
 For each phase: its median, p90, p99 over the pass, and its mean over the requests with the slowest
 1 % of client TTFTs (where the tail is spent); ``to_gateway`` also apart for a connection's first
@@ -39,8 +43,11 @@ def _q(xs: list[float], q: float) -> float:
 
 def _summary(xs: list[float], slowest: list[float]) -> dict[str, float]:
     """One phase over a pass: ``xs`` every request's, ``slowest`` those of the slowest 1 %."""
-    return {"p50": round(_q(xs, 0.5), 1), "p90": round(_q(xs, 0.9), 1), "p99": round(_q(xs, 0.99), 1),
-            "mean": round(statistics.fmean(xs), 1), "mean_slowest_1pct": round(statistics.fmean(slowest), 1)}
+    out = {"p50": round(_q(xs, 0.5), 1), "p90": round(_q(xs, 0.9), 1), "p99": round(_q(xs, 0.99), 1),
+           "mean": round(statistics.fmean(xs), 1)}
+    if slowest:
+        out["mean_slowest_1pct"] = round(statistics.fmean(slowest), 1)
+    return out
 
 
 def _mean(xs: list[float]) -> dict[str, Any]:
@@ -71,11 +78,17 @@ def join(ids: list[str], starts: list[float], ttfts: list[float], records: list[
             rows[-1]["in_vllm"] = (r["first"] - reads[rid][0]) * 1000
             if "sent" in r:
                 rows[-1]["send_to_vllm"] = (reads[rid][0] - r["sent"]) * 1000
+            accepted = reads[rid][1]
+            if "connected" in r and accepted is not None:
+                rows[-1]["connecting"] = (r["connected"] - r["connect"]) * 1000
+                rows[-1]["to_accept"] = (accepted - r["connected"]) * 1000
+                rows[-1]["accept_to_read"] = (reads[rid][0] - accepted) * 1000
     if not rows:
         return {"joined": 0, "traced": len(records), "client": len(starts)}
     slow = sorted(rows, key=lambda x: x["ttft"])[-max(1, len(rows) // 100):]
     out: dict[str, Any] = {"joined": len(rows), "traced": len(records), "client": len(starts)}
-    for k in ("ttft", *PHASES, "to_vllm", "in_vllm", "app_to_send", "send_to_vllm"):
+    for k in ("ttft", *PHASES, "to_vllm", "in_vllm", "app_to_send", "send_to_vllm", "connecting", "to_accept",
+              "accept_to_read"):
         xs = [x[k] for x in rows if k in x]
         if not xs:
             continue
@@ -88,13 +101,14 @@ def join(ids: list[str], starts: list[float], ttfts: list[float], records: list[
     return out
 
 
-def _reads(lines: list[str]) -> dict[str, tuple[float, bool]]:
-    """A traced vLLM's lines (``vllm_trace/``: ``id read conn``): id → (read, on a new connection)."""
-    read: dict[str, tuple[float, bool]] = {}
+def _reads(lines: list[str]) -> dict[str, tuple[float, float | None]]:
+    """A traced vLLM's lines (``vllm_trace/``: ``id read conn``): id → (read, when its connection was
+    accepted, for a connection's first request; else None)."""
+    read: dict[str, tuple[float, float | None]] = {}
     for line in lines:
         f = line.split()
         if len(f) == 3:
-            read[f[0]] = (float(f[1]), f[2] != "-")
+            read[f[0]] = (float(f[1]), None if f[2] == "-" else float(f[2]))
     return read
 
 
@@ -103,8 +117,9 @@ def arrivals(ids: list[str], starts: list[float], ttfts: list[float], lines: lis
     request (``to_server``, as ``to_gateway`` above), and read → the client's first token
     (``in_server``)."""
     read = _reads(lines)
-    rows = [((read[i][0] - s) * 1000, read[i][1], (s + t - read[i][0]) * 1000)
+    rows = [((read[i][0] - s) * 1000, read[i][1] is not None, (s + t - read[i][0]) * 1000)
             for i, s, t in zip(ids, starts, ttfts, strict=False) if i in read and t]
+    accept_to_read = [(r - a) * 1000 for i in ids if i in read for r, a in [read[i]] if a is not None]
     if not rows:
         return {"joined": 0}
     slow = sorted(rows, key=lambda x: x[0] + x[2])[-max(1, len(rows) // 100):]
@@ -114,4 +129,6 @@ def arrivals(ids: list[str], starts: list[float], ttfts: list[float], lines: lis
     for new in (True, False):
         out["to_server_" + ("new_connection" if new else "reused_connection")] = _mean(
             [x for x, n, _ in rows if n is new])
+    if accept_to_read:
+        out["accept_to_read"] = _summary(accept_to_read, [])
     return out
