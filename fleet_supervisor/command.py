@@ -19,6 +19,10 @@ from fleetspec.sleep import SleepSection, devices, share
 GATEWAY_CHILD = "gateway"  # the gateway's name in logs, metrics and /instances
 DEFAULT_GATEWAY_COMMAND = ["python", "-m", "gateway", "-c", "{config}"]
 CPU_KVCACHE_GIB = "1"  # DESIGN §3: keeps the CPU build small; an instance env may raise it
+# vLLM closes an idle connection after 5 s; the gateway that `up` starts keeps its connections to
+# the instances open ahead of requests (gateway/warm.py), which only works if they stay open.
+KEEP_ALIVE_ENV = "VLLM_HTTP_TIMEOUT_KEEP_ALIVE"
+KEEP_ALIVE_S = "3600"
 
 
 @dataclass(frozen=True)
@@ -114,6 +118,8 @@ def instance_spec(fleet: FleetFile, inst: Instance, base_env: Mapping[str, str] 
         # Join the cluster that `ray start` made, or fail at once: without an address ray.init()
         # would quietly start a one-node cluster and wait forever for the other nodes' GPUs.
         overrides.setdefault("RAY_ADDRESS", "auto")
+    if KEEP_ALIVE_ENV not in base:
+        overrides.setdefault(KEEP_ALIVE_ENV, KEEP_ALIVE_S)
     env = {**base, **overrides}
     return LaunchSpec(
         name=inst.name,
@@ -164,6 +170,9 @@ def gateway_spec(fleet: FleetFile, config_path: Path, base_env: Mapping[str, str
     # already in the environment wins, as for host and port.
     if fleet.gateway.workers != 1 and "FLEET_WORKERS" not in base:
         overrides["FLEET_WORKERS"] = str(fleet.gateway.workers)
+    # Its instances keep idle connections for KEEP_ALIVE_S, so it may open them ahead of requests.
+    if "FLEET_UPSTREAM_WARM" not in base:
+        overrides["FLEET_UPSTREAM_WARM"] = "true"
     return LaunchSpec(
         name=GATEWAY_CHILD,
         argv=argv,

@@ -35,6 +35,7 @@ from gateway.proxy import Proxy
 from gateway.routing import Router
 from gateway.settings import GatewaySettings
 from gateway.shared import SharedCounts
+from gateway.warm import Warmer
 
 PROXIED = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
 
@@ -61,6 +62,8 @@ class FleetGateway:
         self.health = HealthChecker(self.backends, settings, self.metrics.count_probe, shared)
         self.ejector = Ejector(self.backends, settings, self.metrics, shared)
         self.proxy = Proxy(self.pool, settings, self.metrics, self.limiter, self.ejector)
+        self.warmer = Warmer(self.backends, self.limiter, self.proxy.upstream, settings.health_interval_s,
+                             settings.workers) if settings.upstream_warm else None
         self.link: SupervisorLink | None = None
         if settings.supervisor_url and settings.control_token:
             self.link = SupervisorLink(settings.supervisor_url, settings.control_token, self.backends)
@@ -135,6 +138,8 @@ class FleetGateway:
                 await self.scraper.start()
             if self.link is not None:
                 await self.link.start()
+            if self.warmer is not None:
+                self.warmer.start()
             # Everything imported and built so far lives as long as the process. Frozen, the
             # cyclic GC stops walking it: a full collection took 22-38 ms here (FastAPI,
             # pydantic, prometheus), a stall for every request in flight (bench/compare p99).
@@ -150,12 +155,15 @@ class FleetGateway:
                     await self.scraper.stop()
                 await self.health.stop()
                 await self.ejector.stop()
+                if self.warmer is not None:
+                    await self.warmer.stop()
                 await self.proxy.stop()
                 if self.limiter.shared is not None:
                     self.limiter.shared.close()  # this worker's counts leave the others' sums
 
         api = FastAPI(title="vllm-fleet gateway", version="0.1.0", lifespan=lifespan)
         pool = self.pool
+        upstream = self.proxy.upstream
 
         @api.get("/health", summary="200 while the gateway process is up")
         async def health() -> dict[str, str]:
@@ -174,7 +182,8 @@ class FleetGateway:
         async def fleet() -> dict[str, Any]:
             return {"vram_tier": pool.node_tier().value, "ready": pool.ready(),
                     "models": pool.served_models(),
-                    "backends": [b.describe(self.limiter.count(b)) for b in self.backends],
+                    "backends": [{**b.describe(self.limiter.count(b)), "connections": upstream.counts(b.url)}
+                                 for b in self.backends],
                     "routing": pool.routing(),
                     "supervisor": None if self.link is None else {"connected": self.link.connected}}
 

@@ -57,6 +57,7 @@ class UpstreamConnection(asyncio.Protocol):
         self._on_lost = on_lost
         self._parser = httptools.HttpResponseParser(self)
         self.closed = False
+        self.counted = False  # in its pool's count of open connections (upstream.py)
         self._reset()
 
     def _reset(self) -> None:

@@ -36,6 +36,10 @@ class GatewaySettings(BaseSettings):
     health_failures: int = Field(3, ge=1, description="failed probes in a row before a backend leaves rotation")
     health_successes: int = Field(2, ge=1, description="good probes in a row before it returns")
 
+    upstream_warm: bool = Field(False, description="hold each backend's share of its concurrency limit in open "
+                                "connections, opened before requests need them; needs backends that keep idle "
+                                "connections longer than FLEET_HEALTH_INTERVAL_S (`vllm-fleet up` turns it on and sets "
+                                "its vLLMs' VLLM_HTTP_TIMEOUT_KEEP_ALIVE; docs/gateway.md#warm-upstream-connections)")
     max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024, description="request bodies above this get 413")
     connect_timeout_s: float = Field(5.0, gt=0, description="TCP connect to a backend")
     # Queueing and prefill of a long prompt happen before vLLM sends headers: keep this long.

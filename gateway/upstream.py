@@ -8,6 +8,11 @@ connection that the backend closes leaves the pool at once (connection_lost). Wh
 closes a reused connection just as a request goes out on it (the race no client can avoid), the
 request fails with no response byte at all: that proves nothing was processed, so it is sent once
 more on a fresh connection; the retry policy above never sees it.
+
+``warm()`` opens connections ahead of requests (warm.py decides how many): under load vLLM's server
+accepted a new connection only every 15-50 ms, so a burst that had to open its connections then
+waited up to 2.4 s before vLLM read it, while requests on open connections were read in about 20 ms
+(bench/gpu/results/serve-accept-1).
 """
 
 from __future__ import annotations
@@ -18,13 +23,14 @@ from urllib.parse import urlsplit
 
 from gateway.connection import ConnectFailed, ResetBeforeResponse, UpstreamConnection
 
-_MAX_IDLE = 512  # per backend; the limiter bounds requests per backend, this bounds leftovers
+_MAX_IDLE = 4096  # per backend; the limiter bounds requests per backend, this bounds leftovers
+_WARM_BATCH = 16  # connections warm() opens at once: a backend accepting them is never flooded
 
 
 class Origin:
     """A backend base URL, parsed once: where to connect and what goes before the request's path."""
 
-    __slots__ = ("host", "idle", "port", "prefix", "request_line_tail", "ssl")
+    __slots__ = ("host", "idle", "open", "port", "prefix", "request_line_tail", "ssl")
 
     def __init__(self, base: str) -> None:
         u = urlsplit(base)
@@ -37,6 +43,7 @@ class Origin:
         netloc = u.netloc.rsplit("@", 1)[-1]
         self.request_line_tail = b" HTTP/1.1\r\nhost: " + netloc.encode("idna") + b"\r\ncontent-length: "
         self.idle: list[UpstreamConnection] = []
+        self.open = 0  # connections up, idle or busy
 
 
 class UpstreamPool:
@@ -49,9 +56,7 @@ class UpstreamPool:
     def request(self, base: str, target: bytes, headers: bytes, body: bytes) -> tuple[Origin, list[bytes]]:
         """The request's bytes for backend ``base``: ``headers`` is a block of ``name: value\\r\\n``
         lines (never host or content-length, which are set here)."""
-        origin = self._origins.get(base)
-        if origin is None:
-            origin = self._origins[base] = Origin(base)
+        origin = self._origins.get(base) or self._origin(base)
         head = b"POST %s%s%s%d\r\n%s\r\n" % (origin.prefix, target, origin.request_line_tail, len(body), headers)
         return origin, [head, body] if body else [head]
 
@@ -78,6 +83,35 @@ class UpstreamPool:
             conn.abort()
             raise
         return conn
+
+    def _origin(self, base: str) -> Origin:
+        origin = self._origins.get(base)
+        if origin is None:
+            origin = self._origins[base] = Origin(base)
+        return origin
+
+    def counts(self, base: str) -> dict[str, int]:
+        """This process's connections to ``base``: up (idle or busy), and idle (for /fleet)."""
+        origin = self._origins.get(base)
+        return {"open": origin.open, "idle": len(origin.idle)} if origin else {"open": 0, "idle": 0}
+
+    async def warm(self, base: str, n: int) -> int:
+        """Open connections to ``base`` until ``n`` are up (idle or busy), a batch at a time; they
+        join the idle pool's cold end, so that requests keep taking the warmest first. Returns how
+        many are up; stops at the first batch with a failure (the probes will tell why)."""
+        origin = self._origin(base)
+        while not self._closed and origin.open < n:
+            got = await asyncio.gather(*(self._connect(origin) for _ in range(min(_WARM_BATCH, n - origin.open))),
+                                       return_exceptions=True)
+            conns = [c for c in got if isinstance(c, UpstreamConnection)]
+            if self._closed:
+                for c in conns:
+                    c.abort()
+            else:
+                origin.idle[:0] = conns
+            if len(conns) < len(got):
+                break
+        return origin.open
 
     def release(self, conn: UpstreamConnection, origin: Origin) -> None:
         """The request is over: keep the connection only if its response was read to a clean end."""
@@ -106,6 +140,8 @@ class UpstreamPool:
         loop = asyncio.get_running_loop()
 
         def lost(conn: UpstreamConnection) -> None:
+            if conn.counted:
+                origin.open -= 1
             if conn in origin.idle:
                 origin.idle.remove(conn)
 
@@ -120,4 +156,6 @@ class UpstreamPool:
                                                        ssl=tls, server_hostname=origin.host if tls else None)
         except (OSError, TimeoutError, ssl.SSLError) as e:
             raise ConnectFailed(f"{origin.host}:{origin.port}: {e.__class__.__name__}: {e}") from e
+        origin.open += 1
+        conn.counted = True  # not one that a timeout closed as it came up: lost() takes only these off
         return conn

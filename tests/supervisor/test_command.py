@@ -43,12 +43,23 @@ def test_cuda_instance_argv_and_env() -> None:
 def test_cpu_instance_gets_the_cpu_build_settings() -> None:
     f = fleet()
     spec = instance_spec(f, f.instances[1], base_env={})
-    assert spec.env == {"CUDA_VISIBLE_DEVICES": "", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    assert spec.env == {"CUDA_VISIBLE_DEVICES": "", "VLLM_CPU_KVCACHE_SPACE": "1",
+                        "VLLM_HTTP_TIMEOUT_KEEP_ALIVE": "3600"}
     assert "--gpu-memory-utilization" not in spec.argv  # on the CPU build it reserves host memory
     assert spec.argv[spec.argv.index("--tensor-parallel-size") + 1] == "1"
     explicit = instance_spec(f, f.instances[2], base_env={})
     assert explicit.env["VLLM_CPU_KVCACHE_SPACE"] == "4"
     assert explicit.argv[explicit.argv.index("--gpu-memory-utilization") + 1] == "0.3"
+
+
+def test_instances_keep_idle_connections_and_the_gateway_warms_them() -> None:
+    f = fleet()
+    assert instance_spec(f, f.instances[0], base_env={}).env["VLLM_HTTP_TIMEOUT_KEEP_ALIVE"] == "3600"
+    mine = instance_spec(f, f.instances[0], base_env={"VLLM_HTTP_TIMEOUT_KEEP_ALIVE": "30"})
+    assert mine.env["VLLM_HTTP_TIMEOUT_KEEP_ALIVE"] == "30"  # what the user exported wins
+    assert gateway_spec(f, Path("/x.json"), base_env={}).env_overrides["FLEET_UPSTREAM_WARM"] == "true"
+    off = gateway_spec(f, Path("/x.json"), base_env={"FLEET_UPSTREAM_WARM": "false"})
+    assert off.env["FLEET_UPSTREAM_WARM"] == "false" and "FLEET_UPSTREAM_WARM" not in off.env_overrides
 
 
 def test_python_is_this_interpreter_only_when_leading() -> None:

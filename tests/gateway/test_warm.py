@@ -1,0 +1,86 @@
+"""FLEET_UPSTREAM_WARM: connections to each backend opened before requests need them (gateway/warm.py),
+counted on the backend's side from the kernel's table of TCP connections."""
+
+from __future__ import annotations
+
+import concurrent.futures
+from pathlib import Path
+
+import httpx
+
+from tests.support.procs import FakeVllm, Gateway, Proc, wait_until
+
+LIMIT = 6  # the backend's --max-num-seqs, as `vllm-fleet up` writes it into the Infernet JSON
+
+
+def established_to(port: int) -> int:
+    """TCP connections in ESTABLISHED whose local end is ``port``: a server's accepted connections.
+    A set: the kernel writes the table in pieces, and an entry can show twice while it changes."""
+    seen: set[tuple[str, str]] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if fields[3] == "01" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                seen.add((fields[1], fields[2]))
+    return len(seen)
+
+
+def _config(fake: FakeVllm) -> dict[str, object]:
+    return {"backend": "vllm", "served_models": ["m"],
+            "vllm_instances": [{"host": fake.url, "models": ["m"], "name": "a", "max_num_seqs": LIMIT}]}
+
+
+def _pool(gw: Gateway) -> dict[str, int]:
+    return dict(httpx.get(gw.url + "/fleet", timeout=5).json()["backends"][0]["connections"])
+
+
+def _chat(gw: Gateway) -> int:
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    return httpx.post(gw.url + "/v1/chat/completions", json=body, timeout=10).status_code
+
+
+def test_requests_find_their_connections_open(tmp_path: Path, procs: list[Proc]) -> None:
+    fake = FakeVllm(tmp_path, ["m"])
+    procs.append(fake)
+    gw = Gateway(tmp_path, _config(fake), env={"FLEET_UPSTREAM_WARM": "true"})
+    procs.append(gw)
+    # The limit's worth of connections idle in the gateway's pool, which the backend sees too
+    # (plus at most the probes' own).
+    assert wait_until(lambda: _pool(gw) == {"open": LIMIT, "idle": LIMIT}, timeout=10), _pool(gw)
+    before = established_to(fake.port)
+    assert LIMIT <= before <= LIMIT + 2
+    fake.configure(latency=0.5)
+    peak = 0
+    with concurrent.futures.ThreadPoolExecutor(LIMIT) as ex:
+        futures = [ex.submit(_chat, gw) for _ in range(LIMIT)]
+        while not all(f.done() for f in futures):
+            peak = max(peak, established_to(fake.port))
+        assert [f.result() for f in futures] == [200] * LIMIT
+    assert fake.stats()["peak_in_flight"] == LIMIT  # all six were open upstream at once...
+    assert peak <= before  # ...on connections that were open before they came
+
+
+def test_connections_come_back_after_the_backend_restarts(tmp_path: Path, procs: list[Proc]) -> None:
+    fake = FakeVllm(tmp_path, ["m"])
+    procs.append(fake)
+    gw = Gateway(tmp_path, _config(fake), env={"FLEET_UPSTREAM_WARM": "true"})
+    procs.append(gw)
+    assert wait_until(lambda: _pool(gw)["idle"] == LIMIT, timeout=10), _pool(gw)
+    fake.restart()  # every connection closes with the old process: those counted now are new ones
+    assert wait_until(lambda: established_to(fake.port) >= LIMIT, timeout=10), established_to(fake.port)
+    assert wait_until(lambda: _pool(gw) == {"open": LIMIT, "idle": LIMIT}, timeout=10), _pool(gw)
+    assert _chat(gw) == 200
+
+
+def test_off_by_default(tmp_path: Path, procs: list[Proc]) -> None:
+    fake = FakeVllm(tmp_path, ["m"])
+    procs.append(fake)
+    gw = Gateway(tmp_path, _config(fake))
+    procs.append(gw)
+    assert _chat(gw) == 200
+    assert not wait_until(lambda: _pool(gw)["open"] > 1, timeout=1.5), _pool(gw)
+    assert _pool(gw) == {"open": 1, "idle": 1}  # the one the request opened, kept for the next
