@@ -47,7 +47,7 @@ def test_ray_env_leaves_gpu_placement_to_ray_and_joins_the_running_cluster() -> 
     # must not narrow its view, and an inherited value is passed through untouched.
     assert "CUDA_VISIBLE_DEVICES" not in spec.env_overrides
     assert spec.env == {"PATH": "/bin", "CUDA_DEVICE_ORDER": "PCI_BUS_ID", "RAY_ADDRESS": "auto",
-                        "NCCL_SOCKET_IFNAME": "eth0"}
+                        "NCCL_SOCKET_IFNAME": "eth0", "VLLM_HTTP_TIMEOUT_KEEP_ALIVE": "3600"}
     inherited = instance_spec(fleet, fleet.instances[0], base_env={"CUDA_VISIBLE_DEVICES": "0,1,2,3"})
     assert inherited.env["CUDA_VISIBLE_DEVICES"] == "0,1,2,3"
     assert "CUDA_VISIBLE_DEVICES" not in inherited.env_overrides

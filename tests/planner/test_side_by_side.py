@@ -102,11 +102,11 @@ def test_the_planned_file_passes_check_with_its_groups_and_sleep_lines(tmp_path:
     blocks = {b.split("\n", 1)[0]: b for b in out.split("\ninstance ")[1:]}
     assert set(blocks) == {"qwen2.5-14b", "llama3.1-8b", "mistral-7b"}
     assert "GPUs: 0 (NVIDIA H200), 1 (NVIDIA H200)   tp=2 pp=1" in blocks["qwen2.5-14b"]
-    assert "CUDA_VISIBLE_DEVICES=0,1\n" in blocks["qwen2.5-14b"]
+    assert "CUDA_VISIBLE_DEVICES=0,1 VLLM_HTTP_TIMEOUT_KEEP_ALIVE=3600\n" in blocks["qwen2.5-14b"]
     assert "sleep:" not in blocks["qwen2.5-14b"]
     for name in ("llama3.1-8b", "mistral-7b"):
         assert "GPUs: 2 (NVIDIA H200), 3 (NVIDIA H200)   tp=2 pp=1" in blocks[name]
-        assert "CUDA_VISIBLE_DEVICES=2,3\n" in blocks[name]
+        assert "CUDA_VISIBLE_DEVICES=2,3 VLLM_HTTP_TIMEOUT_KEEP_ALIVE=3600\n" in blocks[name]
         assert "--tensor-parallel-size 2 --pipeline-parallel-size 1" in blocks[name]
         assert "--enable-sleep-mode" in blocks[name] and "VLLM_SERVER_DEV_MODE=1" in blocks[name]
         assert "vram tier: >=48gb" in blocks[name]
