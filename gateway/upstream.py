@@ -56,7 +56,7 @@ class UpstreamPool:
     def request(self, base: str, target: bytes, headers: bytes, body: bytes) -> tuple[Origin, list[bytes]]:
         """The request's bytes for backend ``base``: ``headers`` is a block of ``name: value\\r\\n``
         lines (never host or content-length, which are set here)."""
-        origin = self._origins.get(base) or self._origin(base)
+        origin = self._origins.get(base) or self._origin(base)  # the lookup alone on the hot path
         head = b"POST %s%s%s%d\r\n%s\r\n" % (origin.prefix, target, origin.request_line_tail, len(body), headers)
         return origin, [head, body] if body else [head]
 
@@ -98,11 +98,14 @@ class UpstreamPool:
     async def warm(self, base: str, n: int) -> int:
         """Open connections to ``base`` until ``n`` are up (idle or busy), a batch at a time; they
         join the idle pool's cold end, so that requests keep taking the warmest first. Returns how
-        many are up; stops at the first batch with a failure (the probes will tell why)."""
+        many are up; stops at the first batch with a failure (the probes will tell why), and after
+        ``n`` tries (a backend that closes what it accepts is not dialled in a loop)."""
         origin = self._origin(base)
-        while not self._closed and origin.open < n:
-            got = await asyncio.gather(*(self._connect(origin) for _ in range(min(_WARM_BATCH, n - origin.open))),
-                                       return_exceptions=True)
+        tries = 0
+        while not self._closed and origin.open < n and tries < n:
+            batch = min(_WARM_BATCH, n - origin.open, n - tries)
+            tries += batch
+            got = await asyncio.gather(*(self._connect(origin) for _ in range(batch)), return_exceptions=True)
             conns = [c for c in got if isinstance(c, UpstreamConnection)]
             if self._closed:
                 for c in conns:

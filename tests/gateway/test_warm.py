@@ -3,11 +3,13 @@ counted on the backend's side from the kernel's table of TCP connections."""
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 from pathlib import Path
 
 import httpx
 
+from gateway.upstream import UpstreamPool
 from tests.support.procs import FakeVllm, Gateway, Proc, wait_until
 
 LIMIT = 6  # the backend's --max-num-seqs, as `vllm-fleet up` writes it into the Infernet JSON
@@ -84,3 +86,29 @@ def test_off_by_default(tmp_path: Path, procs: list[Proc]) -> None:
     assert _chat(gw) == 200
     assert not wait_until(lambda: _pool(gw)["open"] > 1, timeout=1.5), _pool(gw)
     assert _pool(gw) == {"open": 1, "idle": 1}  # the one the request opened, kept for the next
+
+
+def test_a_backend_that_closes_what_it_accepts_is_not_dialled_in_a_loop() -> None:
+    async def scenario() -> tuple[int, int]:
+        accepted = 0
+
+        async def close_at_once(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            nonlocal accepted
+            accepted += 1
+            writer.close()
+
+        server = await asyncio.start_server(close_at_once, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        pool = UpstreamPool(connect_timeout_s=2)
+        try:
+            up = await asyncio.wait_for(pool.warm(f"http://127.0.0.1:{port}", 40), 5)
+            await asyncio.sleep(0.1)  # the closes reach the pool
+            return up, accepted
+        finally:
+            pool.close()
+            server.close()
+            await server.wait_closed()
+
+    up, accepted = asyncio.run(scenario())
+    assert accepted == 40  # one try per connection asked for (3 batches), not a loop
+    assert up <= 40
