@@ -119,7 +119,7 @@ def arrivals(ids: list[str], starts: list[float], ttfts: list[float], lines: lis
     read = _reads(lines)
     rows = [((read[i][0] - s) * 1000, read[i][1] is not None, (s + t - read[i][0]) * 1000)
             for i, s, t in zip(ids, starts, ttfts, strict=False) if i in read and t]
-    accept_to_read = [(r - a) * 1000 for i in ids if i in read for r, a in [read[i]] if a is not None]
+    accept_to_read = [(r - a) * 1000 for r, a in (read[i] for i in ids if i in read) if a is not None]
     if not rows:
         return {"joined": 0}
     slow = sorted(rows, key=lambda x: x[0] + x[2])[-max(1, len(rows) // 100):]
