@@ -141,7 +141,7 @@ class Limiter:
     def release(self, b: Backend) -> None:
         b.in_flight -= 1
         publish(self.shared, b, b.in_flight)
-        self.metrics.backend_in_flight(b.name).dec()
+        self.metrics.backend_in_flight(b.name, b.in_flight)
         if self.waiting:
             self._handoff(b)
 
@@ -154,7 +154,7 @@ class Limiter:
         b.last_request = time.time()  # idle time and least-recently-used, for the swap policy
         b.in_flight += 1
         publish(self.shared, b, b.in_flight)
-        self.metrics.backend_in_flight(b.name).inc()
+        self.metrics.backend_in_flight(b.name, b.in_flight)
 
     async def _wait(self, model: str, exclude: Sequence[Backend], deadline: float,
                     waking: bool = False) -> Backend | None:

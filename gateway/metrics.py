@@ -25,6 +25,7 @@ from prometheus_client.multiprocess import MultiProcessCollector, mark_process_d
 
 from gateway.activity import CURRENT, Activity
 from gateway.state import BackendState
+from gateway.tally import Tally
 
 if TYPE_CHECKING:
     from gateway.backend import Backend, BackendSet
@@ -99,6 +100,7 @@ class GatewayMetrics:
         self.splice_overhead = Histogram("fleet_stream_splice_overhead_seconds",
                                          "The gateway's share of the splice gap: break seen -> continuation sent",
                                          ["model"], buckets=_SPLICE_BUCKETS, registry=r)
+        self.tally = Tally(each_turn=self._mp_dir is not None)  # the request path's updates, batched
         self._req: dict[tuple[str, str, str], Counter] = {}
         self._dur: dict[str, Histogram] = {}
         self._ttfb: dict[str, Histogram] = {}
@@ -134,20 +136,20 @@ class GatewayMetrics:
         child = self._req.get(key)
         if child is None:
             child = self._req[key] = self.requests.labels(*key)
-        child.inc()
+        self.tally.inc(child)
 
     def decision(self, model: str, policy: str, reason: str) -> None:
         key = (model, policy, reason)
         child = self._routing.get(key)
         if child is None:
             child = self._routing[key] = self.routing.labels(*key)
-        child.inc()
+        self.tally.inc(child)
 
     def observe_duration(self, model: str, seconds: float) -> None:
         child = self._dur.get(model)
         if child is None:
             child = self._dur[model] = self.duration.labels(model)
-        child.observe(seconds)
+        self.tally.observe(child, seconds)
 
     def observe_ttfb(self, model: str, seconds: float) -> None:
         entry = CURRENT.get()
@@ -156,15 +158,17 @@ class GatewayMetrics:
         child = self._ttfb.get(model)
         if child is None:
             child = self._ttfb[model] = self.ttfb.labels(model)
-        child.observe(seconds)
+        self.tally.observe(child, seconds)
 
-    def backend_in_flight(self, backend: str) -> Gauge:
+    def backend_in_flight(self, backend: str, n: int) -> None:
+        """This process's requests open to ``backend`` are now ``n``."""
         child = self._in_flight.get(backend)
         if child is None:
             child = self._in_flight[backend] = self.in_flight.labels(backend)
-        return child
+        self.tally.set(child, n)
 
     def render(self) -> bytes:
+        self.tally.flush()
         if self._mp_registry is None or self._mp_dir is None:
             return generate_latest(self.registry)
         _forget_dead(self._mp_dir)

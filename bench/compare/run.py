@@ -56,6 +56,8 @@ class Meter:
 
     def snap(self) -> dict[str, float]:
         s = {k: p.cpu_s() for k, p in self.procs.items() if p is not None}
+        if self.procs["proxy"] is not None:
+            s["proxy_sys"] = self.procs["proxy"].cpu_split()[1]
         s["loadgen"] = time.process_time()
         f = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
         s["host_busy"] = (sum(int(x) for x in f[:8]) - int(f[3]) - int(f[4])) / CLK  # all but idle, iowait
@@ -119,6 +121,7 @@ def measure(url: str, meter: Meter, a: argparse.Namespace, light: bool) -> dict[
                rps_64=round(r.done / r.wall, 1) if r.wall else None)
     if "proxy" in d and r.done:
         row["cpu_us_per_request_64"] = round(d["proxy"] / r.done * 1e6, 1)
+        row["sys_us_per_request_64"] = round(d["proxy_sys"] / r.done * 1e6, 1)
 
     r, d = phase(meter, loadgen.streams(url, "m", 64, max(20, a.tokens // k), 1, 0.0, limit))
     note("burst", r, d)
@@ -142,6 +145,7 @@ def measure(url: str, meter: Meter, a: argparse.Namespace, light: bool) -> dict[
                paced_events_per_s=round(r.events / r.wall) if r.wall else None)
     if "proxy" in d and r.events:
         row["cpu_us_per_event_paced256"] = round(d["proxy"] / r.events * 1e6, 2)
+        row["sys_us_per_event_paced256"] = round(d["proxy_sys"] / r.events * 1e6, 2)
         row["proxy_cpu_frac_paced"] = round(d["proxy"] / d["t"], 2)
     return row
 

@@ -34,16 +34,18 @@ class Unavailable(Exception):
     pass
 
 
-def _pgroup_cpu(pgid: int) -> float:
-    total = 0
+def _pgroup_cpu(pgid: int) -> tuple[float, float]:
+    """User and system CPU seconds of the process group."""
+    user = system = 0
     for d in os.listdir("/proc"):
         if not d.isdigit():
             continue
         with contextlib.suppress(OSError, IndexError, ValueError):
             f = Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()
             if int(f[2]) == pgid:  # field 5 (pgrp), after state and ppid
-                total += int(f[11]) + int(f[12])
-    return total / CLK
+                user += int(f[11])
+                system += int(f[12])
+    return user / CLK, system / CLK
 
 
 class Proc:
@@ -64,6 +66,11 @@ class Proc:
         self.pid = self.popen.pid
 
     def cpu_s(self) -> float:
+        return sum(_pgroup_cpu(self.pid))
+
+    def cpu_split(self) -> tuple[float, float]:
+        """``cpu_s()`` as user and system seconds (system: syscalls and, on loopback, the TCP work
+        they do for both ends)."""
         return _pgroup_cpu(self.pid)
 
     def wait_http(self, url: str, timeout: float, ok: Callable[[httpx.Response], bool] | None = None) -> None:

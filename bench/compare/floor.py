@@ -1,0 +1,97 @@
+"""What uvicorn alone costs per request, the floor under any gateway served by it, beside the
+gateway itself.
+
+The floor: an ASGI app that reads the body and answers a fixed JSON itself (no upstream), served
+the way the gateway is (uvloop, the gateway's httptools protocol, no access log). Each on CPU 0 in
+turn, the gateway in front of run.py's fake upstream; the load generator (64 concurrent, as
+run.py's conc phase) and the upstream on CPU 1. Prints user and system CPU µs per request of
+every pass, then the medians.
+
+    .venv/bin/python bench/compare/floor.py [--passes 5] [--requests 20000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+from typing import Any
+
+import loadgen
+from run import PROXY_CPU, SIDE_CPU, _run
+from targets import ROOT, TWO_CPUS, Proc, gateway, start_upstream
+
+from tests.support.procs import free_port
+
+_BODY = (b'{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant",'
+         b'"content":"hi"},"finish_reason":"stop"}]}')
+_HEAD = [(b"content-type", b"application/json"), (b"content-length", str(len(_BODY)).encode())]
+
+
+async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    if scope["type"] != "http":
+        return
+    more = True
+    while more:
+        more = (await receive()).get("more_body", False)
+    await send({"type": "http.response.start", "status": 200, "headers": _HEAD})
+    await send({"type": "http.response.body", "body": _BODY})
+
+
+def serve(port: int) -> None:
+    import uvicorn
+
+    from gateway.coalesce import HttpToolsProtocol
+
+    uvicorn.run(app, host="127.0.0.1", port=port, loop="uvloop", http=HttpToolsProtocol, lifespan="off",
+                access_log=False, log_level="warning", proxy_headers=False, server_header=False)
+
+
+def _floor(work: Any) -> tuple[Proc, str]:
+    port = free_port()
+    p = Proc("floor", [sys.executable, __file__, "--serve", str(port)], work / "floor.log", PROXY_CPU)
+    url = f"http://127.0.0.1:{port}"
+    p.wait_http(url + "/", 20, ok=lambda r: r.status_code == 200)
+    return p, url
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--passes", type=int, default=5)
+    ap.add_argument("--requests", type=int, default=20000)
+    ap.add_argument("--serve", type=int, help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.serve:
+        sys.path.insert(0, str(ROOT))
+        serve(a.serve)
+        return
+    if TWO_CPUS:
+        os.sched_setaffinity(0, {SIDE_CPU})
+    work = ROOT / "bench" / "results" / "compare-work"
+    work.mkdir(parents=True, exist_ok=True)
+    upstream, up_url = start_upstream(work, SIDE_CPU, 20.0)
+    seen: dict[str, list[tuple[float, float]]] = {"uvicorn floor": [], "gateway": []}
+    try:
+        for i in range(a.passes):
+            for name in seen:
+                p, url = _floor(work) if name == "uvicorn floor" else gateway(work, up_url, PROXY_CPU, work)[:2]
+                try:
+                    _run(loadgen.requests(url, 2000, 64, 30))  # connections open, caches warm
+                    u0, s0 = p.cpu_split()
+                    r = _run(loadgen.requests(url, a.requests, 64, 60))
+                    u1, s1 = p.cpu_split()
+                finally:
+                    p.stop()
+                seen[name].append(((u1 - u0) / r.done * 1e6, (s1 - s0) / r.done * 1e6))
+                print(f"pass {i + 1}, {name}: {r.done} requests, user {seen[name][-1][0]:.1f} µs, "
+                      f"system {seen[name][-1][1]:.1f} µs per request", flush=True)
+    finally:
+        upstream.stop()
+    for name, xs in seen.items():
+        print(f"{name}: median user {statistics.median(u for u, _ in xs):.1f} µs, "
+              f"system {statistics.median(s for _, s in xs):.1f} µs per request ({len(xs)} passes)")
+
+
+if __name__ == "__main__":
+    main()
