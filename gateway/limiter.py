@@ -81,17 +81,21 @@ class Limiter:
         self._seq = itertools.count()
         pool.backends.subscribe(self._changed)
 
-    def limit(self, b: Backend) -> int:
-        """Requests ``b`` takes at once (0: no limit): the setting, else its vLLM's --max-num-seqs
-        else none. vLLM runs that many and queues the rest itself; a lower cap here only moves its
-        queue into the gateway and shrinks its batches (a cap of 256 in front of vLLM's 1,024 added
-        29 % TTFT at 512 concurrent on H200, issue 21). The limit is the whole gateway's, compared
-        with the count over every worker; only a backend the shared table has no column for
-        (more than 1,023 names) gets 1/N of it per worker."""
+    def gateway_limit(self, b: Backend) -> int:
+        """Requests ``b`` takes at once from the whole gateway (0: no limit): the setting, else its
+        vLLM's --max-num-seqs, else none. vLLM runs that many and queues the rest itself; a lower
+        cap here moves that queue into the gateway, first come first served. Measured with the tiny
+        model on an H100 at 1,024 concurrent against vLLM's 1,024: a cap of 512 gave 1.19× direct's
+        tokens/s and a cap of 256 0.98×, both at about 2.5-3.2× direct's TTFT p50
+        (bench/gpu/results/serve-pairs-h100); on H200 a cap of 256 added 29 % TTFT at 512."""
         total = self._fixed if self._fixed is not None else b.max_num_seqs
-        if not total:
-            return 0
-        if self._workers > 1 and column_of(self.shared, b) is None:
+        return total or 0
+
+    def limit(self, b: Backend) -> int:
+        """``gateway_limit``, compared with the count over every worker; only a backend the shared
+        table has no column for (more than 1,023 names) gets 1/N of it per worker."""
+        total = self.gateway_limit(b)
+        if total and self._workers > 1 and column_of(self.shared, b) is None:
             return -(-total // self._workers)
         return total
 

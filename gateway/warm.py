@@ -65,7 +65,7 @@ class Warmer:
 
     def target(self, b: Backend) -> int:
         """This worker's share of ``b``'s concurrency limit (0: no limit, nothing to size it by)."""
-        return -(-self.limiter.limit(b) // self.workers)
+        return -(-self.limiter.gateway_limit(b) // self.workers)
 
     def _changed(self, b: Backend, old: BackendState | None, new: BackendState | None) -> None:
         if new is BackendState.HEALTHY:

@@ -9,6 +9,9 @@ from pathlib import Path
 
 import httpx
 
+from fleetspec.infernet import BackendSpec
+from gateway.app import FleetGateway
+from gateway.settings import GatewaySettings
 from gateway.upstream import UpstreamPool
 from tests.support.procs import FakeVllm, Gateway, Proc, wait_until
 
@@ -112,3 +115,14 @@ def test_a_backend_that_closes_what_it_accepts_is_not_dialled_in_a_loop() -> Non
     up, accepted = asyncio.run(scenario())
     assert accepted == 40  # one try per connection asked for (3 batches), not a loop
     assert up <= 40
+
+
+def test_each_worker_warms_its_share_once() -> None:
+    # Four workers with no shared table (a backend beyond its 1,023 names): each limits itself to
+    # 1/4 of the backend's 100 sequences, and warms that share, not a quarter of it again.
+    settings = GatewaySettings(workers=4, upstream_warm=True)
+    gw = FleetGateway(settings, [BackendSpec("a", "http://127.0.0.1:9", ["m"], max_num_seqs=100)], None)
+    b = gw.backends.get("a")
+    assert b is not None and gw.warmer is not None
+    assert gw.limiter.limit(b) == 25
+    assert gw.warmer.target(b) == 25
