@@ -16,6 +16,7 @@ import yaml
 from fleetspec.errors import ConfigError
 from fleetspec.fleetfile import parse_fleet
 from fleetspec.gpus import Gpu
+from tests.support.procs import free_port
 from vllm_fleet.cli import main as cli
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,13 +29,6 @@ def two_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("gateway.config.discover_gpus", lambda: list(TWO_GPUS))
     for var in ("FLEET_PORT", "FLEET_HOST", "FLEET_ROUTING_POLICIES"):
         monkeypatch.delenv(var, raising=False)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def fleet(**top: Any) -> dict[str, Any]:

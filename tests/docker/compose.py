@@ -10,7 +10,8 @@ import subprocess
 import time
 from dataclasses import dataclass
 
-from tests.docker.engine import REPO, Engine, free_port
+from tests.docker.engine import REPO, Engine
+from tests.support.procs import free_port
 
 
 @dataclass

@@ -17,7 +17,6 @@ import http.server
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -62,17 +61,6 @@ class Engine:
 
     def image_size_mb(self, image: str) -> float:
         return int(self.docker("image", "inspect", "-f", "{{.Size}}", image).stdout) / 1e6
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def free_port() -> int:
-    return _free_port()
 
 
 def start_engine(run_dir: Path) -> Engine:

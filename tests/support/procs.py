@@ -55,10 +55,20 @@ def group_members(pgid: int) -> list[int]:
     return found
 
 
+_GIVEN: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port free now and not handed out before by this process: the kernel may give the same
+    ephemeral port to two binds in a row once the first socket is closed, and a test that asks for
+    several ports before starting anything (a gateway and its instances) then got one twice."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in _GIVEN:
+            _GIVEN.add(port)
+            return port
 
 
 class Proc:
