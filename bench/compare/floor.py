@@ -16,6 +16,7 @@ import argparse
 import os
 import statistics
 import sys
+from pathlib import Path
 from typing import Any
 
 import loadgen
@@ -48,7 +49,7 @@ def serve(port: int) -> None:
                 access_log=False, log_level="warning", proxy_headers=False, server_header=False)
 
 
-def _floor(work: Any) -> tuple[Proc, str]:
+def _floor(work: Path) -> tuple[Proc, str]:
     port = free_port()
     p = Proc("floor", [sys.executable, __file__, "--serve", str(port)], work / "floor.log", PROXY_CPU)
     url = f"http://127.0.0.1:{port}"
