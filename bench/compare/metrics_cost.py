@@ -29,7 +29,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 async def run(how: str, n: int, per_turn: int) -> None:
     from gateway.metrics import GatewayMetrics
-    from gateway.tally import Tally
 
     m = GatewayMetrics()
     req = m.requests.labels("m", "b", "200")
@@ -37,7 +36,6 @@ async def run(how: str, n: int, per_turn: int) -> None:
     gauge = m.in_flight.labels("b")
     ttfb = m.ttfb.labels("m")
     dur = m.duration.labels("m")
-    m.tally = Tally(each_turn="PROMETHEUS_MULTIPROC_DIR" in os.environ)  # as GatewayMetrics decides it
     for i in range(n):
         if how == "one by one":
             dec.inc()
