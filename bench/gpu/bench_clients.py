@@ -35,14 +35,22 @@ def _pct(xs: list[float], q: float) -> float:
 
 
 def command(model_dir: str, base: str, served: str, out: Path, name: str, prompts: int, conc: int,
-            seed: int, ids: str | None) -> list[str]:
+            seed: int, ids: str | None, shape: tuple[str, ...] = ()) -> list[str]:
     cmd = [sys.executable, "-m", "vllm.entrypoints.cli.main", "bench", "serve", "--backend", "vllm",
            "--base-url", base, "--model", model_dir, "--served-model-name", served, "--tokenizer", model_dir,
            "--dataset-name", "random", "--random-input-len", "128", "--random-output-len", "128", "--ignore-eos",
            "--num-prompts", str(prompts), "--max-concurrency", str(conc), "--seed", str(seed), "--save-result",
            "--save-detailed", "--result-dir", str(out), "--result-filename", f"{name}.json",
            "--percentile-metrics", "ttft,itl,e2el"]
-    return cmd + (["--request-id-prefix", ids] if ids is not None else [])
+    return cmd + list(shape) + (["--request-id-prefix", ids] if ids is not None else [])
+
+
+def shape_args(range_ratio: float, rate: float | None, clients: int) -> tuple[str, ...]:
+    """Each client's share of the load's shape: lengths drawn in 128 × [1 - r, 1 + r] (so requests
+    of one wave no longer all end on the same step), and an open loop of ``rate`` requests per
+    second in all (Poisson arrivals, each client rate/K) instead of a closed one."""
+    out = ("--random-range-ratio", str(range_ratio)) if range_ratio else ()
+    return out + (("--request-rate", str(rate / clients)) if rate else ())
 
 
 def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
@@ -102,14 +110,14 @@ class _CpuSampler:
 
 
 def run(model_dir: str, base: str, served: str, out: Path, tag: str, prompts: int, conc: int, clients: int,
-        with_ids: bool) -> dict[str, Any]:
+        with_ids: bool, shape: tuple[str, ...] = ()) -> dict[str, Any]:
     """The merged figures, each client's CPU share over the pass, and (for trace_join.py) every
     request's id, send time and TTFT."""
     procs: list[tuple[str, subprocess.Popen[bytes]]] = []
     for k in range(clients):
         name = f"bench-{tag}-c{k}"
         cmd = command(model_dir, base, served, out, name, prompts // clients, conc // clients, k,
-                      f"{tag}-c{k}-" if with_ids else None)
+                      f"{tag}-c{k}-" if with_ids else None, shape)
         with open(out / f"{name}.txt", "wb") as log:
             procs.append((name, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)))
     cpu = _CpuSampler([p.pid for _, p in procs])

@@ -145,13 +145,13 @@ def placement(names: list[str]) -> dict[str, Any]:
 
 
 def bench(model_dir: str, base: str, served: str, out: Path, tag: str, prompts: int, conc: int,
-          gw_pid: int | None, detailed: bool = False, clients: int = 1) -> dict[str, Any]:
+          gw_pid: int | None, detailed: bool = False, clients: int = 1, shape: tuple[str, ...] = ()) -> dict[str, Any]:
     """One pass (bench_clients.py): its figures; with ``detailed`` every request's id, send time
     and TTFT too; with ``gw_pid`` the gateway's CPU per relayed event."""
     cpu0 = _cpu(gw_pid) if gw_pid else 0.0
     log(f"bench {tag}: {base} model={served} clients={clients}")
     r = bench_clients.run(model_dir, base, served, out, tag, prompts, conc, clients,
-                          with_ids=detailed and "--request-id-prefix" in _bench_source())
+                          with_ids=detailed and "--request-id-prefix" in _bench_source(), shape=shape)
     if not detailed:
         for k in ("ids", "start_times", "ttfts"):
             r.pop(k)

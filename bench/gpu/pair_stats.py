@@ -42,12 +42,18 @@ def _by_pass(group: list[dict[str, Any]], target: str, key: str) -> dict[int, fl
     return out
 
 
+def _shape(row: dict[str, Any]) -> str:
+    """The load's shape where it was not the closed loop of 128/128 (serve_pairs.py --range-ratio, --rate)."""
+    r, q = row.get("range_ratio"), row.get("request_rate")
+    return (f", lengths 128 × [1 ± {r:g}]" if r else "") + (f", Poisson {q:g} requests/s" if q else "")
+
+
 def ratios(path: str, rows: list[dict[str, Any]]) -> None:
     rng = random.Random(21)
-    for conc, k in sorted({(r["conc"], r.get("clients", 1)) for r in rows}):
-        group = [r for r in rows if r["conc"] == conc and r.get("clients", 1) == k]
+    for conc, k, shape in sorted({(r["conc"], r.get("clients", 1), _shape(r)) for r in rows}):
+        group = [r for r in rows if r["conc"] == conc and r.get("clients", 1) == k and _shape(r) == shape]
         targets = sorted({r["target"] for r in group}, key=lambda t: (t != "direct", t))
-        print(f"\n{path}: {conc} concurrent, {k} client process(es)\n")
+        print(f"\n{path}: {conc} concurrent, {k} client process(es){shape}\n")
         print("| target | what | median (min–max), n | ÷ direct, medians | ÷ direct, median of pairs | 90 % interval |")
         print("|---|---|---|---|---|---|")
         for t in targets:

@@ -14,7 +14,9 @@ in the gateway and their mean wait (``fleet_queue_wait_seconds``), and the mean 
 byte the gateway measured (``fleet_time_to_first_byte_seconds``). ``up`` is started in its own
 session so that it outlives one device call; ``stop`` stops it by PID (OUT/up.pid).
 
-``run --clients K`` splits each pass over K client processes (bench_clients.py). ``run --probe``
+``run --clients K`` splits each pass over K client processes (bench_clients.py); ``--range-ratio R``
+draws lengths in 128 × [1 - R, 1 + R] and ``--rate Q`` sends Poisson arrivals at Q requests/s
+instead of the closed loop (rows and tags say which, pair_stats.py groups by it). ``run --probe``
 adds where the time goes (tail_probe.py); against a traced gateway (gateway_variant.py --trace)
 and after ``start --trace-vllm`` it also places each request's time (trace_join.py), and
 pair_stats.py turns the rows into ratios with their intervals.
@@ -39,6 +41,7 @@ import httpx
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_clients import shape_args
 from gpu_fleet import GW, base_fleet, bench, fleet_healthy, inst, instances, log, wait
 from tail_probe import SocketSampler, moved, snapshot, ttft_shape
 from trace_join import arrivals, join
@@ -48,6 +51,12 @@ TCP_RELAY = "http://127.0.0.1:8090"  # tcp_relay.py, the control for the TTFT ta
 MODEL = "tiny"
 VLLM_TRACE = "vllm-trace.txt"
 KEYS = ("output_throughput", "median_ttft_ms", "p99_ttft_ms", "median_itl_ms")
+Shape = tuple[float, float | None]  # the load's --range-ratio and --rate (bench_clients.shape_args)
+
+
+def shape_tag(shape: Shape) -> str:
+    """A pass tag's part for a load other than the closed loop of fixed lengths: "-r0.5", "-q70"."""
+    return (f"-r{shape[0]:g}" if shape[0] else "") + (f"-q{shape[1]:g}" if shape[1] else "")
 
 
 def start(model_dir: str, w: Path, workers: int, trace_vllm: bool = False) -> dict[str, Any]:
@@ -93,7 +102,7 @@ def _gateway_pid() -> int | None:
 
 
 def one(model_dir: str, w: Path, target: str, conc: int, tag: str, probe: bool = False,
-        clients: int = 1) -> dict[str, Any]:
+        clients: int = 1, shape: Shape = (0.0, None)) -> dict[str, Any]:
     base = {"direct": DIRECT, "gateway": GW, "tcp": TCP_RELAY}.get(target) or f"http://127.0.0.1:{target.split(':')[1]}"
     before = _samples(httpx.get(GW + "/metrics", timeout=10).text)
     snap = snapshot(DIRECT, GW) if probe else None
@@ -101,7 +110,8 @@ def one(model_dir: str, w: Path, target: str, conc: int, tag: str, probe: bool =
     sockets = SocketSampler((8001, 8080)) if probe else None
     with sockets or contextlib.nullcontext():
         r = bench(model_dir, base, MODEL, w, tag, prompts=3 * conc, conc=conc,
-                  gw_pid=_gateway_pid() if target == "gateway" else None, detailed=probe, clients=clients)
+                  gw_pid=_gateway_pid() if target == "gateway" else None, detailed=probe, clients=clients,
+                  shape=shape_args(*shape, clients))
     if snap is not None and sockets is not None:
         r["probe"] = moved(snap, snapshot(DIRECT, GW))
         r["probe"]["sockets"] = sockets.summary()
@@ -116,7 +126,7 @@ def one(model_dir: str, w: Path, target: str, conc: int, tag: str, probe: bool =
             r["probe"]["phases"] = arrivals(ids, starts, ttfts, vllm_lines)
         log(f"{tag} probe: {json.dumps(r['probe'])}")
     after = _samples(httpx.get(GW + "/metrics", timeout=10).text)
-    r.update(target=target, conc=conc, tag=tag)
+    r.update(target=target, conc=conc, tag=tag, range_ratio=shape[0], request_rate=shape[1])
     if target == "gateway":
         d = {k: after[k] - before[k] for k in after}
         r["queued"] = int(d["q_count"])
@@ -127,16 +137,22 @@ def one(model_dir: str, w: Path, target: str, conc: int, tag: str, probe: bool =
 
 
 def run(model_dir: str, w: Path, concs: list[int], passes: int, probe: bool = False,
-        targets: tuple[str, ...] = ("direct", "gateway"), clients: int = 1) -> list[dict[str, Any]]:
+        targets: tuple[str, ...] = ("direct", "gateway"), clients: int = 1,
+        shape: Shape = (0.0, None)) -> list[dict[str, Any]]:
     rows_path = w / "rows.json"
     rows: list[dict[str, Any]] = json.loads(rows_path.read_text()) if rows_path.exists() else []
     for conc in concs:
         for p in range(passes):
             order = list(targets) if p % 2 == 0 else list(reversed(targets))
             for target in order:
-                rows.append(one(model_dir, w, target, conc, f"c{conc}-k{clients}-p{p}-{target}", probe, clients))
+                rows.append(one(model_dir, w, target, conc, f"c{conc}-k{clients}{shape_tag(shape)}-p{p}-{target}",
+                                probe, clients, shape))
                 rows_path.write_text(json.dumps(rows, indent=1))
     return rows
+
+
+def _shape(row: dict[str, Any]) -> str:
+    return shape_tag((row.get("range_ratio") or 0.0, row.get("request_rate")))
 
 
 def table(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -144,13 +160,13 @@ def table(rows: list[dict[str, Any]]) -> dict[str, Any]:
     target, its spread (min..max), each target's ratio to direct."""
     res: dict[str, Any] = {}
     targets = sorted({r["target"] for r in rows})
-    for conc, k in sorted({(r["conc"], r.get("clients", 1)) for r in rows}):
+    for conc, k, shape in sorted({(r["conc"], r.get("clients", 1), _shape(r)) for r in rows}):
         entry: dict[str, Any] = {}
         for key in (*KEYS, "mean_queue_wait_ms", "gateway_cpu_us_per_event"):
             per: dict[str, list[float]] = {}
             for t in targets:
                 vals = [float(r[key]) for r in rows if r["conc"] == conc and r.get("clients", 1) == k
-                        and r["target"] == t and r.get(key) is not None]
+                        and _shape(r) == shape and r["target"] == t and r.get(key) is not None]
                 if vals:
                     per[t] = vals
             if not per:
@@ -161,7 +177,7 @@ def table(rows: list[dict[str, Any]]) -> dict[str, Any]:
             for t in per:
                 if t != "direct" and base:
                     entry[key][f"ratio_{t}" if t != "gateway" else "ratio"] = round(statistics.median(per[t]) / base, 3)
-        res[str(conc) if k == 1 else f"{conc}/k{k}"] = entry
+        res[(str(conc) if k == 1 else f"{conc}/k{k}") + shape] = entry
     return res
 
 
@@ -195,6 +211,10 @@ def main() -> None:
                     "request (vllm_trace/), joined with direct passes under --probe")
     ap.add_argument("--clients", type=int, default=1, help="run: vllm bench serve processes per pass, each with "
                     "conc/K streams (bench_clients.py)")
+    ap.add_argument("--range-ratio", type=float, default=0.0, help="run: input and output lengths drawn in "
+                    "128 × [1 - R, 1 + R] (vllm bench serve --random-range-ratio); 0: all 128")
+    ap.add_argument("--rate", type=float, default=None, help="run: an open loop, Poisson arrivals at this many "
+                    "requests/s in all, at most --conc in flight; default: a closed loop of --conc")
     ap.add_argument("--targets", default="direct,gateway", help="run: which, in order (tcp: tcp_relay.py on 8090; "
                     "NAME:PORT any other server)")
     a = ap.parse_args()
@@ -203,7 +223,8 @@ def main() -> None:
     if a.phase == "start":
         res: Any = start(a.model_dir, w, a.workers, a.trace_vllm)
     elif a.phase == "run":
-        res = table(run(a.model_dir, w, a.conc, a.passes, a.probe, tuple(a.targets.split(",")), a.clients))
+        res = table(run(a.model_dir, w, a.conc, a.passes, a.probe, tuple(a.targets.split(",")), a.clients,
+                        (a.range_ratio, a.rate)))
     else:
         rows = json.loads((w / "rows.json").read_text()) if (w / "rows.json").exists() else []
         res = {"stop": stop(w), "table": table(rows)}
