@@ -25,12 +25,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import json
 import os
 import platform
 import statistics
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -71,7 +73,8 @@ class Meter:
         return {k: b[k] - a[k] for k in a}
 
 
-def phase(meter: Meter, coro: Any) -> tuple[loadgen.Result, dict[str, float]]:
+@contextlib.contextmanager
+def no_collections() -> Iterator[None]:
     # The load generator is Python too: a collection of its heap in the middle of a phase (up to
     # 32 ms measured, 3 ms even with the startup heap frozen) shows up as the tail latency of
     # whichever target runs. So: collect and freeze before, no cyclic GC during (a phase is
@@ -80,12 +83,17 @@ def phase(meter: Meter, coro: Any) -> tuple[loadgen.Result, dict[str, float]]:
     gc.freeze()
     gc.disable()
     try:
-        a = meter.snap()
-        res = _run(coro)
-        return res, Meter.delta(a, meter.snap())
+        yield
     finally:
         gc.enable()
         gc.collect()
+
+
+def phase(meter: Meter, coro: Any) -> tuple[loadgen.Result, dict[str, float]]:
+    with no_collections():
+        a = meter.snap()
+        res = _run(coro)
+        return res, Meter.delta(a, meter.snap())
 
 
 def _run(coro: Any) -> loadgen.Result:
