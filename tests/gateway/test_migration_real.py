@@ -25,8 +25,9 @@ if TYPE_CHECKING:
 pytest_plugins = ["tests.support.real_vllm"]
 pytestmark = [pytest.mark.realvllm, pytest.mark.timeout(600)]
 
-# ≈ 6 s of generation: the kill lands mid-stream even when the client reads slowly. At 1,500 (≈ 2.5 s)
-# one run on a loaded 2-core host found the victim had already made its whole answer: no migration.
+# ≈ 5 s of generation: the kill lands mid-stream even when the client reads slowly. At 1,500 (≈ 2.5 s)
+# one run on a 2-core host counted no migration though the text went on: the victim seems to have
+# made its whole answer before the kill.
 MAX_TOKENS = 4000
 KILL_AFTER = 5  # content chunks: early, since the tiny model makes thousands of tokens a second
 
