@@ -16,15 +16,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import random
 import statistics
 import time
 
 import aiohttp
 import loadgen
-from run import PROXY_CPU, SIDE_CPU, _run, no_collections
-from targets import ROOT, TWO_CPUS, gateway, start_upstream
+from run import _run, no_collections, upstream_and_gateway
+from targets import ROOT
 
 
 async def arrivals(url: str, rate: float, seconds: float, seed: int) -> loadgen.Result:
@@ -59,13 +58,8 @@ def main() -> None:
     a = ap.parse_args()
     work = ROOT / "bench" / "results" / "compare-work"
     work.mkdir(parents=True, exist_ok=True)
-    up, up_url = start_upstream(work, SIDE_CPU, a.token_ms)
-    gw = None
-    try:
-        gw, gw_url, _ = gateway(work, up_url, PROXY_CPU, work, {"FLEET_UPSTREAM_WARM": "true",
-                                                                "FLEET_BACKEND_MAX_CONCURRENCY": str(a.limit)})
-        if TWO_CPUS:
-            os.sched_setaffinity(0, {SIDE_CPU})
+    warm = {"FLEET_UPSTREAM_WARM": "true", "FLEET_BACKEND_MAX_CONCURRENCY": str(a.limit)}
+    with upstream_and_gateway(work, a.token_ms, warm) as (_, gw_url, up_url):
         time.sleep(2)  # the warmer opens its connections when the backend enters rotation
         keys = ("p50", "p90", "p99", "max")
         got: dict[str, dict[str, list[float]]] = {t: {k: [] for k in keys} for t in ("direct", "gateway")}
@@ -86,10 +80,6 @@ def main() -> None:
         for k in keys:
             d, g = statistics.median(got["direct"][k]), statistics.median(got["gateway"][k])
             print(f"{k:4s} direct {d:7.2f}  gateway {g:7.2f}  added {g - d:+.2f}")
-    finally:
-        if gw is not None:
-            gw.stop()
-        up.stop()
 
 
 if __name__ == "__main__":

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import argparse
 import collections
-import os
 import subprocess
 from pathlib import Path
 
 import loadgen
-from run import PROXY_CPU, SIDE_CPU, _run
-from targets import ROOT, TWO_CPUS, ensure_venv, gateway, start_upstream
+from run import _run, upstream_and_gateway
+from targets import ROOT, ensure_venv
 
 
 def load(url: str, phase: str, seconds: float, token_ms: float) -> loadgen.Result:
@@ -58,12 +57,7 @@ def main() -> None:
     work = out / "compare-work"
     work.mkdir(parents=True, exist_ok=True)
     spy = ensure_venv(out / "venvs", "py-spy", "py-spy", "py-spy")
-    if TWO_CPUS:
-        os.sched_setaffinity(0, {SIDE_CPU})
-    up, up_url = start_upstream(work, SIDE_CPU, 20.0)
-    gw = None
-    try:
-        gw, url, _ = gateway(work, up_url, PROXY_CPU, out / "venvs")
+    with upstream_and_gateway(work, 20.0) as (gw, url, _):
         _run(loadgen.streams(url, "m", 256, 4, 1, 0.0, 30))  # open connections before sampling
         collapsed = out / f"profile-{a.phase}.txt"
         argv = [str(spy), "record", "-p", str(gw.pid), "-d", str(int(a.seconds)), "-r", "200", "-f", "raw",
@@ -80,10 +74,6 @@ def main() -> None:
         print(f"{a.phase}: {n} {'events' if res.events else 'requests'}, gateway CPU {c1 - c0:.2f} s "
               f"= {(c1 - c0) / max(n, 1) * 1e6:.1f} µs each (py-spy attached, so a little higher than run.py)")
         print(top(collapsed))
-    finally:
-        if gw is not None:
-            gw.stop()
-        up.stop()
 
 
 if __name__ == "__main__":

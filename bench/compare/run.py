@@ -38,9 +38,28 @@ from typing import Any
 
 import loadgen
 import report
-from targets import CLK, ROOT, STARTERS, TWO_CPUS, Proc, Unavailable, start_upstream
+from targets import CLK, ROOT, STARTERS, TWO_CPUS, Proc, Unavailable, gateway, start_upstream
 
 PROXY_CPU, SIDE_CPU = 0, 1
+
+
+@contextlib.contextmanager
+def upstream_and_gateway(work: Path, token_ms: float,
+                         env: dict[str, str] | None = None) -> Iterator[tuple[Proc, str, str]]:
+    """The fake upstream and this tree's gateway in front of it, placed as the benchmark places
+    them (the gateway on PROXY_CPU; the upstream and this process, the load generator, on
+    SIDE_CPU), both stopped on the way out: (the gateway, its URL, the upstream's URL)."""
+    if TWO_CPUS:
+        os.sched_setaffinity(0, {SIDE_CPU})
+    up, up_url = start_upstream(work, SIDE_CPU, token_ms)
+    gw = None
+    try:
+        gw, url, _ = gateway(work, up_url, PROXY_CPU, work, env)
+        yield gw, url, up_url
+    finally:
+        if gw is not None:
+            gw.stop()
+        up.stop()
 
 
 def pct(xs: list[float], q: float) -> float | None:
