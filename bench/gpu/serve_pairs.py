@@ -14,7 +14,9 @@ in the gateway and their mean wait (``fleet_queue_wait_seconds``), and the mean 
 byte the gateway measured (``fleet_time_to_first_byte_seconds``). ``up`` is started in its own
 session so that it outlives one device call; ``stop`` stops it by PID (OUT/up.pid).
 
-``run --clients K`` splits each pass over K client processes (bench_clients.py); ``--range-ratio R``
+``run --clients K`` splits each pass over K client processes (bench_clients.py). K changes direct's
+baseline, not the gateway's: at 512 and 1,024 with 4 processes vLLM admits some of their
+connections late and direct's TTFT p50 halves (results/serve-pairs-h200). ``--range-ratio R``
 draws lengths in 128 × [1 - R, 1 + R] and ``--rate Q`` sends Poisson arrivals at Q requests/s
 instead of the closed loop (rows and tags say which, pair_stats.py groups by it). ``run --probe``
 adds where the time goes (tail_probe.py); against a traced gateway (gateway_variant.py --trace)
