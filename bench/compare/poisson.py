@@ -22,7 +22,7 @@ import time
 
 import aiohttp
 import loadgen
-from run import _run, no_collections, upstream_and_gateway
+from run import _run, no_collections, pct, upstream_and_gateway
 from targets import ROOT
 
 
@@ -44,8 +44,7 @@ async def arrivals(url: str, rate: float, seconds: float, seed: int) -> loadgen.
     return res
 
 
-def _q(xs: list[float], f: float) -> float:
-    return xs[min(len(xs) - 1, int(f * len(xs)))] * 1000
+QUANTILES = {"p50": 0.5, "p90": 0.9, "p99": 0.99, "max": 1.0}  # run.pct's index: 1.0 is the largest
 
 
 def main() -> None:
@@ -61,23 +60,21 @@ def main() -> None:
     warm = {"FLEET_UPSTREAM_WARM": "true", "FLEET_BACKEND_MAX_CONCURRENCY": str(a.limit)}
     with upstream_and_gateway(work, a.token_ms, warm) as (_, gw_url, up_url):
         time.sleep(2)  # the warmer opens its connections when the backend enters rotation
-        keys = ("p50", "p90", "p99", "max")
-        got: dict[str, dict[str, list[float]]] = {t: {k: [] for k in keys} for t in ("direct", "gateway")}
+        got: dict[str, dict[str, list[float]]] = {t: {k: [] for k in QUANTILES} for t in ("direct", "gateway")}
         for p in range(a.passes):
             order = [("direct", up_url), ("gateway", gw_url)]
             for name, url in order if p % 2 == 0 else order[::-1]:
                 with no_collections():  # the load generator's own GC pauses out of the tail (run.py)
                     r = _run(arrivals(url, a.rate, a.seconds, seed=p))
-                t = sorted(r.ttft)
-                if r.errors or not t:
+                if r.errors or not r.ttft:
                     raise SystemExit(f"{name}: {r.errors} errors, first: {r.first_error}")
-                row = dict(zip(keys, (_q(t, 0.5), _q(t, 0.9), _q(t, 0.99), t[-1] * 1000), strict=True))
+                row = {k: v * 1000 for k, f in QUANTILES.items() if (v := pct(r.ttft, f)) is not None}
                 for k, v in row.items():
                     got[name][k].append(v)
                 shown = ", ".join(f"{k} {v:.2f}" for k, v in row.items())
-                print(f"pass {p} {name:8s} {len(t)} streams, TTFT ms {shown}", flush=True)
+                print(f"pass {p} {name:8s} {len(r.ttft)} streams, TTFT ms {shown}", flush=True)
         print(f"\nmedians of {a.passes} passes, {a.rate:g} arrivals/s, TTFT ms")
-        for k in keys:
+        for k in QUANTILES:
             d, g = statistics.median(got["direct"][k]), statistics.median(got["gateway"][k])
             print(f"{k:4s} direct {d:7.2f}  gateway {g:7.2f}  added {g - d:+.2f}")
 
