@@ -60,14 +60,31 @@ def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
     # A request's end: its send + TTFT + every gap after (vLLM 0.24 saves no latencies; this is
     # how the benchmark computes its latency).
     ends = [s + t + sum(i) for p in parts for s, t, i in zip(p["start_times"], p["ttfts"], p["itls"], strict=False)]
-    span = max(ends) - min(s for p in parts for s in p["start_times"])
+    first = min(s for p in parts for s in p["start_times"])
+    span = max(ends) - first
     tokens = sum(p["total_output_tokens"] for p in parts)
     completed = sum(p["completed"] for p in parts)
     return {"completed": completed, "total_output_tokens": tokens, "duration": span,
             "output_throughput": tokens / span, "request_throughput": completed / span,
             "mean_ttft_ms": statistics.fmean(ttfts) * 1000, "median_ttft_ms": _pct(ttfts, 50) * 1000,
             "p99_ttft_ms": _pct(ttfts, 99) * 1000, "mean_itl_ms": statistics.fmean(itls) * 1000,
-            "median_itl_ms": _pct(itls, 50) * 1000, "p99_itl_ms": _pct(itls, 99) * 1000}
+            "median_itl_ms": _pct(itls, 50) * 1000, "p99_itl_ms": _pct(itls, 99) * 1000,
+            **_held(parts, ends, first, span)}
+
+
+def _held(parts: list[dict[str, Any]], ends: list[float], first: float, span: float) -> dict[str, Any]:
+    """Whether the pass held its concurrency. K processes each send a fixed number of prompts, so
+    one whose streams the server serves first runs out first, and the pass ends at less than the
+    concurrency asked for. ``mean_in_flight``: the requests outstanding, averaged over the span (the
+    sum of their latencies ÷ the span). ``client_end_s``: when each process's last request ended."""
+    starts = [s for p in parts for s in p["start_times"]]
+    i, client_end = 0, []
+    for p in parts:
+        n = len(p["start_times"])
+        client_end.append(round(max(ends[i:i + n]) - first, 2))
+        i += n
+    return {"mean_in_flight": round(sum(e - s for s, e in zip(starts, ends, strict=True)) / span, 1),
+            "client_end_s": client_end}
 
 
 def cpu_seconds(pid: int) -> float | None:

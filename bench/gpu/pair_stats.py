@@ -1,12 +1,14 @@
 """How sure the GPU benchmark's gateway ÷ direct ratios are (issue 21), from serve_pairs.py rows files:
 
     python3 bench/gpu/pair_stats.py bench/gpu/results/serve-trace-1/rows-*.json
+    python3 bench/gpu/pair_stats.py --pool A/rows-512-k1.json B/rows-512-k1.json   # one table
 
-Per file, concurrency and client processes, for tokens/s and TTFT p50/p99: each target's median
-(min–max, n); the ratio of the medians to direct's; the median of the ratios within each
-interleaved pair (pass i of the target ÷ pass i of direct, run back to back); and a 90 % bootstrap
-interval of the ratio of medians (passes resampled with replacement, 2,000 draws, fixed seed). An
-interval that holds both 0.95 and 1.05 says the run cannot tell a 5 % difference.
+Per file (or over all files with ``--pool``), concurrency and client processes, for tokens/s, TTFT
+p50/p99 and the requests held in flight: each target's median (min–max, n); the ratio of the
+medians to direct's; the median of the ratios within each interleaved pair (pass i of the target ÷
+pass i of direct of the same file, run back to back); and a 90 % bootstrap interval of the ratio
+of medians (passes resampled with replacement, 2,000 draws, fixed seed). An interval that holds
+both 0.95 and 1.05 says the run cannot tell a 5 % difference.
 
 Then, for passes with per-request timestamps (``--probe`` with a traced gateway or ``--trace-vllm``):
 the client's send → the server's read (``to_server`` for vLLM direct, ``to_gateway`` for the
@@ -22,7 +24,17 @@ import statistics
 import sys
 from typing import Any
 
-KEYS = (("output_throughput", "tokens/s"), ("median_ttft_ms", "TTFT p50"), ("p99_ttft_ms", "TTFT p99"))
+KEYS = (("output_throughput", "tokens/s"), ("median_ttft_ms", "TTFT p50"), ("p99_ttft_ms", "TTFT p99"),
+        ("mean_in_flight", "requests in flight"),
+        ("little", "in flight, Little's law"))
+
+
+def little(row: dict[str, Any]) -> float:
+    """The requests in flight that a pass's own figures imply, for rows from before bench_clients.py
+    recorded ``mean_in_flight``: requests/s × mean latency, the latency taken as the mean TTFT plus
+    (output tokens per request − 1) × the mean gap between tokens."""
+    per_request = row["total_output_tokens"] / row["completed"]
+    return float(row["request_throughput"] * (row["mean_ttft_ms"] + (per_request - 1) * row["mean_itl_ms"]) / 1000)
 _PASS = re.compile(r"-p(\d+)-")
 
 
@@ -32,13 +44,15 @@ def _boot(a: list[float], b: list[float], rng: random.Random, draws: int = 2000)
     return ratios[int(0.05 * draws)], ratios[int(0.95 * draws) - 1]
 
 
-def _by_pass(group: list[dict[str, Any]], target: str, key: str) -> dict[int, float]:
-    """``target``'s ``key`` by pass number (tags "c256-k1-p3-gateway")."""
-    out: dict[int, float] = {}
+def _by_pass(group: list[dict[str, Any]], target: str, key: str) -> dict[tuple[int, int], float]:
+    """``target``'s ``key`` by (file, pass number) (tags "c256-k1-p3-gateway"): a pair is two
+    passes of one file, run back to back on one machine."""
+    out: dict[tuple[int, int], float] = {}
     for r in group:
         m = _PASS.search(r["tag"])
-        if m and r["target"] == target:
-            out[int(m.group(1))] = r[key]
+        value = little(r) if key == "little" else r.get(key)
+        if m and r["target"] == target and value is not None:
+            out[(r.get("_file", 0), int(m.group(1)))] = value
     return out
 
 
@@ -60,6 +74,8 @@ def ratios(path: str, rows: list[dict[str, Any]]) -> None:
             for key, label in KEYS:
                 by_pass, base = _by_pass(group, t, key), _by_pass(group, "direct", key)
                 vals = list(by_pass.values())
+                if not vals:
+                    continue
                 cell = f"{statistics.median(vals):,.0f} ({min(vals):,.0f}–{max(vals):,.0f}), {len(vals)}"
                 if t == "direct" or not base:
                     print(f"| {t} | {label} | {cell} | | | |")
@@ -100,12 +116,22 @@ def phases(rows: list[dict[str, Any]]) -> None:
               f"| {_pq(p, 'in_vllm' if gw else 'in_server')} | {r['median_ttft_ms']:.0f} / {r['p99_ttft_ms']:.0f} |")
 
 
-def main(paths: list[str]) -> None:
-    for path in paths:
+def main(args: list[str]) -> None:
+    """``--pool``: one table over every file's rows (pairs stay within their file), for one setting
+    run on several machines."""
+    pool = "--pool" in args
+    paths = [a for a in args if a != "--pool"]
+    pooled: list[dict[str, Any]] = []
+    for i, path in enumerate(paths):
         with open(path) as f:
             rows = json.load(f)
+        if pool:
+            pooled += [{**r, "_file": i} for r in rows]
+            continue
         ratios(path, rows)
         phases(rows)
+    if pool:
+        ratios(" + ".join(paths), pooled)
 
 
 if __name__ == "__main__":

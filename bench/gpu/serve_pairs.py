@@ -14,9 +14,12 @@ in the gateway and their mean wait (``fleet_queue_wait_seconds``), and the mean 
 byte the gateway measured (``fleet_time_to_first_byte_seconds``). ``up`` is started in its own
 session so that it outlives one device call; ``stop`` stops it by PID (OUT/up.pid).
 
-``run --clients K`` splits each pass over K client processes (bench_clients.py). K changes direct's
-baseline, not the gateway's: at 512 and 1,024 with 4 processes vLLM admits some of their
-connections late and direct's TTFT p50 halves (results/serve-pairs-h200). ``--range-ratio R``
+``run --clients K`` splits each pass over K client processes (bench_clients.py), each with a fixed
+share of the prompts. With K > 1 the direct path does not hold the concurrency asked for: vLLM
+serves one process's connections first, that process runs out of prompts early, and the rest of the
+pass runs with fewer streams (on an H200 at 512: 222–312 requests in flight on average, the
+gateway 376–415; results/serve-pairs-h200-k1). Each row's ``mean_in_flight`` and ``client_end_s``
+show it; the default K = 1 held 926–990 of 1,024 on both paths. ``--range-ratio R``
 draws lengths in 128 × [1 - R, 1 + R] and ``--rate Q`` sends Poisson arrivals at Q requests/s
 instead of the closed loop (rows and tags say which, pair_stats.py groups by it). ``run --probe``
 adds where the time goes (tail_probe.py); against a traced gateway (gateway_variant.py --trace)
@@ -52,7 +55,7 @@ DIRECT = "http://127.0.0.1:8001"
 TCP_RELAY = "http://127.0.0.1:8090"  # tcp_relay.py, the control for the TTFT tail (--targets)
 MODEL = "tiny"
 VLLM_TRACE = "vllm-trace.txt"
-KEYS = ("output_throughput", "median_ttft_ms", "p99_ttft_ms", "median_itl_ms")
+KEYS = ("output_throughput", "median_ttft_ms", "p99_ttft_ms", "median_itl_ms", "mean_in_flight")
 Shape = tuple[float, float | None]  # the load's --range-ratio and --rate (bench_clients.shape_args)
 
 

@@ -1,0 +1,58 @@
+"""The GPU benchmark's arithmetic (bench/gpu): how many requests a pass held in flight, when each
+client process ended, and pair_stats.py's pairs, which must stay within one file (one machine)."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+GPU_BENCH = Path(__file__).resolve().parent.parent / "bench" / "gpu"
+
+
+def _load(name: str) -> ModuleType:
+    sys.path.insert(0, str(GPU_BENCH))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(GPU_BENCH))
+
+
+def _part(starts: list[float], ttft: float, gaps: int) -> dict[str, Any]:
+    n = len(starts)
+    return {"start_times": starts, "ttfts": [ttft] * n, "itls": [[0.1] * gaps] * n, "errors": [""] * n,
+            "total_output_tokens": n * (gaps + 1), "completed": n}
+
+
+def test_merge_reports_what_the_pass_held() -> None:
+    merge = _load("bench_clients").merge
+    # Client 0: four requests of 1 s each, two at a time, done at 2 s. Client 1: two that wait 2 s
+    # for a first token, then two more; done at 4 s. Latencies sum to 4 + 7 = 11 s over a 4 s span.
+    res = merge([_part([0, 0, 1, 1], 0.5, 5), {**_part([0, 0, 3, 3], 0.5, 5), "ttfts": [2, 2, 0.5, 0.5]}])
+    assert res["duration"] == pytest.approx(4.0)
+    assert res["mean_in_flight"] == pytest.approx(2.8)  # 11 / 4, rounded to 0.1
+    assert res["client_end_s"] == [2.0, 4.0]
+
+
+def test_pool_pairs_passes_within_a_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    stats = _load("pair_stats")
+
+    def row(target: str, p: int, tps: float) -> dict[str, Any]:
+        return {"tag": f"c512-k1-p{p}-{target}", "target": target, "conc": 512, "clients": 1,
+                "output_throughput": tps, "median_ttft_ms": 100.0, "p99_ttft_ms": 200.0,
+                "request_throughput": 1.0, "mean_ttft_ms": 100.0, "mean_itl_ms": 10.0,
+                "total_output_tokens": 128, "completed": 1}
+
+    # File a: one pair, the gateway at 1.1x. File b: a direct pass 0 whose gateway pass is missing.
+    # Paired by pass number alone, a's gateway would meet b's direct: 0.11x.
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps([row("direct", 0, 100.0), row("gateway", 0, 110.0)]))
+    b.write_text(json.dumps([row("direct", 0, 1000.0)]))
+    stats.main(["--pool", str(a), str(b)])
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("| gateway | tokens/s"))
+    assert line.split("|")[5].strip() == "1.10"  # the median of the pairs' ratios
