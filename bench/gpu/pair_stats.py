@@ -25,17 +25,17 @@ import sys
 from typing import Any
 
 KEYS = (("output_throughput", "tokens/s"), ("median_ttft_ms", "TTFT p50"), ("p99_ttft_ms", "TTFT p99"),
-        ("mean_in_flight", "requests in flight"),
-        ("little", "in flight, Little's law"))
+        ("mean_in_flight", "requests in flight"), ("little", "in flight, Little's law"))
+_PASS = re.compile(r"-p(\d+)-")
 
 
 def little(row: dict[str, Any]) -> float:
     """The requests in flight that a pass's own figures imply, for rows from before bench_clients.py
     recorded ``mean_in_flight``: requests/s × mean latency, the latency taken as the mean TTFT plus
-    (output tokens per request − 1) × the mean gap between tokens."""
+    (output tokens per request − 1) × the mean gap between tokens. It reads high (14–38 % above
+    ``mean_in_flight`` on results/serve-pairs-h200-k1's rows), so it only compares passes."""
     per_request = row["total_output_tokens"] / row["completed"]
     return float(row["request_throughput"] * (row["mean_ttft_ms"] + (per_request - 1) * row["mean_itl_ms"]) / 1000)
-_PASS = re.compile(r"-p(\d+)-")
 
 
 def _boot(a: list[float], b: list[float], rng: random.Random, draws: int = 2000) -> tuple[float, float]:
