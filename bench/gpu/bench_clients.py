@@ -57,34 +57,25 @@ def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
     """One pass's figures from the detailed results of its client processes."""
     ttfts = [t for p in parts for t, e in zip(p["ttfts"], p["errors"], strict=False) if t and not e]
     itls = [x for p in parts for xs in p["itls"] for x in xs]
-    # A request's end: its send + TTFT + every gap after (vLLM 0.24 saves no latencies; this is
-    # how the benchmark computes its latency).
-    ends = [s + t + sum(i) for p in parts for s, t, i in zip(p["start_times"], p["ttfts"], p["itls"], strict=False)]
+    # A request's latency: its TTFT + every gap after (vLLM 0.24 saves no latencies; this is how
+    # the benchmark computes them), and its end: its send + that, per client process.
+    lats = [[t + sum(i) for t, i in zip(p["ttfts"], p["itls"], strict=False)] for p in parts]
+    ends = [[s + x for s, x in zip(p["start_times"], ls, strict=False)] for p, ls in zip(parts, lats, strict=True)]
     first = min(s for p in parts for s in p["start_times"])
-    span = max(ends) - first
+    span = max(map(max, ends)) - first
     tokens = sum(p["total_output_tokens"] for p in parts)
     completed = sum(p["completed"] for p in parts)
+    # Whether the pass held its concurrency: K processes each send a fixed number of prompts, so one
+    # whose streams the server serves first runs out first, and the pass ends with fewer streams
+    # than asked for. mean_in_flight: the requests outstanding, averaged over the span (their summed
+    # latency ÷ the span); client_end_s: when each process's last request ended.
     return {"completed": completed, "total_output_tokens": tokens, "duration": span,
             "output_throughput": tokens / span, "request_throughput": completed / span,
             "mean_ttft_ms": statistics.fmean(ttfts) * 1000, "median_ttft_ms": _pct(ttfts, 50) * 1000,
             "p99_ttft_ms": _pct(ttfts, 99) * 1000, "mean_itl_ms": statistics.fmean(itls) * 1000,
             "median_itl_ms": _pct(itls, 50) * 1000, "p99_itl_ms": _pct(itls, 99) * 1000,
-            **_held(parts, ends, first, span)}
-
-
-def _held(parts: list[dict[str, Any]], ends: list[float], first: float, span: float) -> dict[str, Any]:
-    """Whether the pass held its concurrency. K processes each send a fixed number of prompts, so
-    one whose streams the server serves first runs out first, and the pass ends at less than the
-    concurrency asked for. ``mean_in_flight``: the requests outstanding, averaged over the span (the
-    sum of their latencies ÷ the span). ``client_end_s``: when each process's last request ended."""
-    starts = [s for p in parts for s in p["start_times"]]
-    i, client_end = 0, []
-    for p in parts:
-        n = len(p["start_times"])
-        client_end.append(round(max(ends[i:i + n]) - first, 2))
-        i += n
-    return {"mean_in_flight": round(sum(e - s for s, e in zip(starts, ends, strict=True)) / span, 1),
-            "client_end_s": client_end}
+            "mean_in_flight": round(sum(map(sum, lats)) / span, 1),
+            "client_end_s": [round(max(e) - first, 2) for e in ends]}
 
 
 def cpu_seconds(pid: int) -> float | None:
