@@ -121,6 +121,20 @@ class RealVllm:
                 )
             time.sleep(0.5)
 
+    def engine_nice(self, nice: int = 19) -> None:
+        """Lower the CPU priority of every thread of the server's group but the API server's.
+
+        Under CPU contention the API server falls behind its engine, and then sends a stream's first
+        event (and headers) only when the engine has made the whole answer: with three busy loops
+        beside it, 4,000 tokens came after 4.2-5.8 s, in one burst. With the engine at nice 19 the
+        first event came within 1.5 s of a 5 s answer."""
+        for pid in self.members():
+            if pid == self.pgid:
+                continue
+            with contextlib.suppress(OSError):
+                for tid in os.listdir(f"/proc/{pid}/task"):
+                    os.setpriority(os.PRIO_PROCESS, int(tid), nice)
+
     def stop(self, grace: float = 20.0) -> None:
         """SIGTERM the group, wait ``grace`` s, SIGKILL it, and return once no member is alive."""
         for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 30.0)):
