@@ -44,8 +44,7 @@ def replicas(tiny_model_dir: str) -> Iterator[list[RealVllm]]:
         for _ in range(2):  # both load at once, then both are waited for
             started.append(start_real_vllm(tiny_model_dir, free_port(), ["tiny"], wait=False))
         for v in started:
-            v.wait_healthy()
-            v.engine_nice()  # else, under CPU load, the victim's answer can reach the gateway in one burst
+            v.wait_healthy()  # which also puts the engines below the API server: RealVllm.engine_nice
         yield started
     finally:
         for v in started:
