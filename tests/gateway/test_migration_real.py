@@ -29,7 +29,7 @@ pytestmark = [pytest.mark.realvllm, pytest.mark.timeout(600)]
 # 2-core host (at 1,500 and at 4,000 tokens) counted no migration though the text went on: the victim
 # had made its whole answer before the kill: under CPU load vLLM's API server fell behind its engine
 # and sent nothing until the end. Reproduced with three busy loops beside the test: 7 of 7 runs failed
-# (a warm-up request first did not help); with the engines at nice 19 (RealVllm.engine_nice), 5 of 5
+# (a warm-up request first did not help); with the engines at nice 19 (RealVllm.engine_nice), 7 of 7
 # passed.
 MAX_TOKENS = 4000
 KILL_AFTER = 5  # content chunks: early, since the tiny model makes thousands of tokens a second
