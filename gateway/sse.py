@@ -92,7 +92,7 @@ class Transcript:
         self._plain = _PLAIN_CHAT if chat else _PLAIN_TEXT
         self._text: list[str] = []
         self.tokens = 0
-        self.prompt_tokens: int | None = None  # known only when the stream carried usage
+        self.prompt_tokens: int | None = None  # from usage the stream carried, or /tokenize at a splice
         self.id: Any = None
         self.created: Any = None
         self.model: Any = None

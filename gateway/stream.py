@@ -41,7 +41,7 @@ from gateway.relay import ClientRelay, SpliceRelay, StreamRelay
 from gateway.settings import GatewaySettings
 from gateway.sse import Splice, Transcript
 from gateway.state import BackendState
-from gateway.tokencount import tokens_of
+from gateway.tokencount import recount
 
 log = logging.getLogger("gateway.proxy")
 
@@ -232,7 +232,7 @@ class Stream:
             elif self.migrations >= s.settings.max_migrations:
                 outcome, why = migration.EXHAUSTED, f"it was continued {self.migrations} times already"
             else:
-                await self._recount(t)
+                await self._recount(t, plan)
                 body = migration.continuation(plan, t.text, t.tokens)
                 if body is None:
                     return self._finished(b, t)
@@ -259,14 +259,12 @@ class Stream:
         # the client sees a truncated response, never a clean end.
         return None
 
-    async def _recount(self, t: Transcript) -> None:
-        """Take the larger of the events' token count and a replica's count of the text (tokencount.py)."""
+    async def _recount(self, t: Transcript, plan: migration.Plan) -> None:
+        """Counts of the relayed text and of the original prompt from another replica (tokencount.py)."""
         s = self.streams
-        other = s.pool.other(self.out.model, self.tried) if t.text else None
+        other = s.pool.other(self.out.model, self.tried)
         if other is not None:
-            n = await tokens_of(s.opener.upstream, other, self.out.model, t.text, s.upstream_key, self.deadline)
-            if n is not None and n > t.tokens:
-                t.tokens = n
+            await recount(s.opener.upstream, other, s.upstream_key, self.deadline, self.out.model, t, plan)
 
     def _finished(self, b: Backend, t: Transcript) -> bytes:
         self.streams.metrics.migrations.labels(self.out.model, migration.FINISHED).inc()

@@ -1,5 +1,6 @@
-"""How many tokens a replica makes of the text a broken stream already relayed: vLLM's
-``POST /tokenize`` on a replica of the model, asked once per splice (docs/stream-failover.md).
+"""How many tokens a replica makes of the text a broken stream already relayed, and of the
+original request's prompt: vLLM's ``POST /tokenize`` on a replica of the model, asked at a splice
+(docs/stream-failover.md).
 
 The transcript's own count (sse.py: one token per event) is exact only while vLLM's API server keeps
 up with its engine: when it falls behind (a busy API-server process, or a slow client whose
@@ -9,28 +10,66 @@ split the tokenizer would merge) but does not depend on timing, and it is what t
 replica will count when it checks ``prompt + max_tokens`` against the model's context. The stream
 uses the larger of the two, so the continuation never asks for more than the client's budget.
 
-One round trip to a replica that is about to take the continuation anyway (its connection goes back
-to the pool and usually carries the continuation next); bounded by ``TIMEOUT_S``; any failure
-(not vLLM, an old vLLM without the route, a timeout) leaves the transcript's count alone.
+The prompt's count is what the client's usage reports as ``prompt_tokens`` when the stream had
+carried no usage before it broke. Otherwise the only count at hand is the continuation's, less the
+tokens handed back, which re-tokenizing the text can put off by a few (24 for 27 in one real-vLLM
+run). ``/tokenize`` renders a chat request's messages with the same template options as a chat
+completion, so on vLLM 0.32 its count equalled the completion's ``prompt_tokens`` exactly (27 = 27,
+47 = 47 for chat; 5 = 5 for a text prompt).
+
+Round trips to a replica that is about to take the continuation anyway (their connections go back
+to the pool and usually carry the continuation next); bounded by ``TIMEOUT_S``; any failure (not
+vLLM, an old vLLM without the route, a timeout) leaves the transcript's counts alone.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+from typing import Any
 
 from gateway.backend import Backend
 from gateway.connection import UpstreamError
+from gateway.migration import Plan
+from gateway.sse import Transcript
 from gateway.upstream import UpstreamPool
 
 TIMEOUT_S = 1.0
 _MAX_BODY = 1 << 20  # the answer is a count and a token list; refuse anything far larger
+# What a chat completion renders its prompt with, besides the messages (vLLM's TokenizeChatRequest).
+_CHAT_OPTIONS = ("add_generation_prompt", "continue_final_message", "add_special_tokens", "chat_template",
+                 "chat_template_kwargs", "tools", "mm_processor_kwargs")
 
 
-async def tokens_of(upstream: UpstreamPool, backend: Backend, model: str, text: str,
-                    upstream_key: bytes | None, deadline: float) -> int | None:
-    """The token count ``backend`` gives ``text`` (no special tokens added), or None."""
-    body = json.dumps({"model": model, "prompt": text, "add_special_tokens": False}).encode()
+async def recount(upstream: UpstreamPool, backend: Backend, upstream_key: bytes | None, deadline: float,
+                  model: str, t: Transcript, plan: Plan) -> None:
+    """Raise ``t.tokens`` to ``backend``'s count of the relayed text where that is larger, and set
+    ``t.prompt_tokens`` to its count of the original prompt where no usage gave it; both asked at once."""
+    asks = ([{"model": model, "prompt": t.text, "add_special_tokens": False}] if t.text else []) + \
+        ([_prompt_request(model, plan)] if t.prompt_tokens is None else [])
+    got = await asyncio.gather(*(_count(upstream, backend, a, upstream_key, deadline) for a in asks))
+    if t.text:
+        n = got.pop(0)
+        if n is not None and n > t.tokens:
+            t.tokens = n
+    if got:
+        t.prompt_tokens = got[0]
+
+
+def _prompt_request(model: str, plan: Plan) -> dict[str, Any]:
+    """/tokenize of the original request's prompt, rendered as its completion would render it."""
+    doc = plan.doc
+    if plan.chat:
+        return {"model": model, "messages": doc["messages"], **{k: doc[k] for k in _CHAT_OPTIONS if k in doc}}
+    prompt = doc["prompt"]  # one string, or a list of one (migration._refusal)
+    out = {"model": model, "prompt": prompt[0] if isinstance(prompt, list) else prompt}
+    return out | ({"add_special_tokens": doc["add_special_tokens"]} if "add_special_tokens" in doc else {})
+
+
+async def _count(upstream: UpstreamPool, backend: Backend, ask: dict[str, Any],
+                 upstream_key: bytes | None, deadline: float) -> int | None:
+    """The token count ``backend``'s /tokenize gives ``ask``, or None."""
+    body = json.dumps(ask).encode()
     headers = b"content-type: application/json\r\n"
     if upstream_key:
         headers += b"authorization: Bearer " + upstream_key + b"\r\n"

@@ -35,7 +35,7 @@ def continued_from(body: dict[str, Any]) -> int:
     return int(found[-1]) + 1 if found else 0
 
 
-def _words(body: dict[str, Any]) -> int:
+def prompt_words(body: dict[str, Any]) -> int:
     """The fake's prompt token count: one per word of the prompt or of every message."""
     if "messages" in body:
         return sum(len(str(m.get("content") or "").split()) for m in body["messages"] if isinstance(m, dict))
@@ -85,6 +85,6 @@ class Events:
         return self._event(choices)
 
     def usage(self, n: int) -> bytes:
-        prompt = _words(self.body)
+        prompt = prompt_words(self.body)
         return self._event([], usage={"prompt_tokens": prompt, "completion_tokens": n * self.n,
                                       "total_tokens": prompt + n * self.n})

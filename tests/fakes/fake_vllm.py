@@ -21,7 +21,8 @@ neither stall nor flood the fake), eof_delay (s between a stream's ``[DONE]`` an
 chunked body, which vLLM sends as a separate write).
 Per request: a body field ``fake_latency`` (s) replaces the latency knob for that request only, so
 one test can hold some requests open while others pass. ``POST /v1/echo_body`` answers with the
-exact bytes it received. ``GET /_fake/last_body`` is the last POST body (JSON) it was sent.
+exact bytes it received. ``GET /_fake/last_body`` is the last POST body (JSON) it was sent;
+``GET /_fake/tokenized`` every body sent to ``/tokenize``.
 
 Streams are shaped as vLLM's where the gateway reads them (docs/stream-failover.md): the tokens are
 "t0 ", "t1 ", ... one per event; chat starts with a role chunk; the last token's chunk carries the
@@ -56,7 +57,7 @@ import time
 from typing import Any
 
 from aiohttp import web
-from fake_stream import Events, continue_problem, continued_from  # beside this file: run as a script
+from fake_stream import Events, continue_problem, continued_from, prompt_words  # beside this file: run as a script
 
 KNOBS: dict[str, Any] = {
     "latency": 0.0, "token_delay": 0.0, "tokens": 8, "status": 200, "hang": False,
@@ -68,6 +69,7 @@ STATS = {"requests_total": 0, "in_flight": 0, "peak_in_flight": 0, "cancelled": 
          "while_asleep": 0, "sleeps": 0, "wakes": 0}
 ASLEEP: dict[str, int] = {}  # {"level": N} while asleep
 LAST: dict[str, Any] = {"body": None}  # the last POST body that parsed as JSON
+TOKENIZED: list[Any] = []  # every /tokenize body, in order
 
 
 def _args(argv: list[str]) -> argparse.Namespace:
@@ -174,6 +176,9 @@ class Fake:
     async def last_body(self, _: web.Request) -> web.Response:
         return web.json_response(LAST["body"])
 
+    async def tokenized(self, _: web.Request) -> web.Response:
+        return web.json_response(TOKENIZED)
+
     async def config(self, request: web.Request) -> web.Response:
         KNOBS.update(await request.json())
         return web.json_response(KNOBS)
@@ -182,14 +187,16 @@ class Fake:
         return web.json_response({k.lower(): v for k, v in request.headers.items()})
 
     async def tokenize(self, request: web.Request) -> web.Response:
-        """vLLM's /tokenize and /detokenize, enough for routing tests: one token per word."""
+        """vLLM's /tokenize and /detokenize, enough for routing tests: one token per word (of the
+        prompt, or of every message: the count the fake's usage gives a prompt)."""
         body = await request.json()
         if body.get("model") not in self.models:
             return _error(404, f"The model `{body.get('model')}` does not exist.")
         if request.path == "/detokenize":
             return web.json_response({"prompt": " ".join(f"w{t}" for t in body.get("tokens", []))})
-        words = str(body.get("prompt", "")).split()
-        return web.json_response({"count": len(words), "max_model_len": 2048, "tokens": list(range(len(words))),
+        TOKENIZED.append(body)
+        words = prompt_words(body)
+        return web.json_response({"count": words, "max_model_len": 2048, "tokens": list(range(words)),
                                   "served_by": self.name})
 
     async def echo_body(self, request: web.Request) -> web.Response:
@@ -350,6 +357,7 @@ def main(argv: list[str] | None = None) -> None:
     app.router.add_get("/metrics", fake.metrics)
     app.router.add_get("/_fake/stats", fake.stats)
     app.router.add_get("/_fake/last_body", fake.last_body)
+    app.router.add_get("/_fake/tokenized", fake.tokenized)
     app.router.add_post("/_fake/config", fake.config)
     app.router.add_post("/v1/echo_headers", fake.echo_headers)
     app.router.add_post("/v1/echo_body", fake.echo_body)

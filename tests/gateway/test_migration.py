@@ -149,6 +149,22 @@ def test_usage_is_summed_when_asked_for(gateway: Gateway, fakes: list[FakeVllm])
     assert usage == {"prompt_tokens": 2, "completion_tokens": 9, "total_tokens": 11}
 
 
+def test_prompt_tokens_are_the_replicas_count_of_the_original_prompt(gateway: Gateway,
+                                                                     fakes: list[FakeVllm]) -> None:
+    """No usage came before the break: the replica taking the continuation counts the original
+    request's prompt, rendered with the request's template options, and usage reports that."""
+    kwargs = {"enable_thinking": False}
+    body = {"model": "m1", "stream": True, "max_tokens": 9, "messages": MESSAGES, "chat_template_kwargs": kwargs,
+            "stream_options": {"include_usage": True}}
+    events, clean = _read(gateway, CHAT, body, _cut_after(fakes, 3))
+    assert clean and events[-1] == "[DONE]"
+    chunks = _chunks(events)
+    second = _by_name(fakes, chunks[-1]["system_fingerprint"])
+    asked = httpx.get(second.url + "/_fake/tokenized", timeout=5).json()
+    assert {"model": "m1", "messages": MESSAGES, "chat_template_kwargs": kwargs} in asked
+    assert chunks[-1]["usage"]["prompt_tokens"] == 2
+
+
 def test_the_openai_sdk_sees_one_stream(gateway: Gateway, fakes: list[FakeVllm]) -> None:
     client = openai.OpenAI(base_url=gateway.url + "/v1", api_key="x", max_retries=0)
     raw = client.chat.completions.with_raw_response.create(model="m1", messages=MESSAGES, max_tokens=8, stream=True)
