@@ -87,7 +87,7 @@ def _refusal(doc: dict[str, Any], chat: bool, max_migrations: int) -> tuple[str,
     if chat:
         if not isinstance(doc.get("messages"), list):
             return UNSUPPORTED, "the request's messages are not a list"
-    elif _prompt(doc.get("prompt")) is None:
+    elif one_prompt(doc.get("prompt")) is None:
         return UNSUPPORTED, "the prompt is not one string"
     if doc.keys().isdisjoint(_SHAPE_FIELDS):
         return None  # the usual request: one look at its keys
@@ -109,7 +109,8 @@ def _refusal(doc: dict[str, Any], chat: bool, max_migrations: int) -> tuple[str,
     return None
 
 
-def _prompt(p: object) -> str | None:
+def one_prompt(p: object) -> str | None:
+    """A text completion's prompt when it is one string (alone or in a list of one), else None."""
     if isinstance(p, str):
         return p
     if isinstance(p, list) and len(p) == 1 and isinstance(p[0], str):
@@ -155,5 +156,5 @@ def continuation(plan: Plan, text: str, tokens: int) -> bytes | None:
         body["continue_final_message"] = True
         body["add_generation_prompt"] = False
     else:
-        body["prompt"] = (_prompt(body.get("prompt")) or "") + text
+        body["prompt"] = (one_prompt(body.get("prompt")) or "") + text
     return json.dumps(body).encode()

@@ -30,7 +30,7 @@ from typing import Any
 
 from gateway.backend import Backend
 from gateway.connection import UpstreamError
-from gateway.migration import Plan
+from gateway.migration import Plan, one_prompt
 from gateway.sse import Transcript
 from gateway.upstream import UpstreamPool
 
@@ -45,15 +45,18 @@ async def recount(upstream: UpstreamPool, backend: Backend, upstream_key: bytes 
                   model: str, t: Transcript, plan: Plan) -> None:
     """Raise ``t.tokens`` to ``backend``'s count of the relayed text where that is larger, and set
     ``t.prompt_tokens`` to its count of the original prompt where no usage gave it; both asked at once."""
-    asks = ([{"model": model, "prompt": t.text, "add_special_tokens": False}] if t.text else []) + \
-        ([_prompt_request(model, plan)] if t.prompt_tokens is None else [])
-    got = await asyncio.gather(*(_count(upstream, backend, a, upstream_key, deadline) for a in asks))
-    if t.text:
-        n = got.pop(0)
-        if n is not None and n > t.tokens:
-            t.tokens = n
-    if got:
-        t.prompt_tokens = got[0]
+    async def nothing() -> None:
+        return None
+
+    text, prompt = await asyncio.gather(
+        _count(upstream, backend, {"model": model, "prompt": t.text, "add_special_tokens": False}, upstream_key,
+               deadline) if t.text else nothing(),
+        _count(upstream, backend, _prompt_request(model, plan), upstream_key, deadline)
+        if t.prompt_tokens is None else nothing())
+    if text is not None and text > t.tokens:
+        t.tokens = text
+    if prompt is not None:
+        t.prompt_tokens = prompt
 
 
 def _prompt_request(model: str, plan: Plan) -> dict[str, Any]:
@@ -61,8 +64,7 @@ def _prompt_request(model: str, plan: Plan) -> dict[str, Any]:
     doc = plan.doc
     if plan.chat:
         return {"model": model, "messages": doc["messages"], **{k: doc[k] for k in _CHAT_OPTIONS if k in doc}}
-    prompt = doc["prompt"]  # one string, or a list of one (migration._refusal)
-    out = {"model": model, "prompt": prompt[0] if isinstance(prompt, list) else prompt}
+    out = {"model": model, "prompt": one_prompt(doc["prompt"])}  # a string: migration._refusal saw to it
     return out | ({"add_special_tokens": doc["add_special_tokens"]} if "add_special_tokens" in doc else {})
 
 
