@@ -12,6 +12,8 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   # The CPU stack is ~1 GB from PyPI (triton alone 286 MB, pulled in by xgrammar). One CI run
   # lost its connection at 202 MB and every resume got no more bytes, so a failed install is
   # retried after a pause; wheels that did arrive are in pip's cache and are not fetched again.
+  # PIP_RESUME_RETRIES rather than the flag: a pip older than 25.1 (if its upgrade failed too)
+  # ignores the variable but refuses the flag.
   retry() {
     for pause in 20 60 0; do
       if "$@"; then return 0; fi
@@ -21,7 +23,7 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     done
   }
   retry .venv/bin/python -m pip install -q --upgrade pip
-  retry .venv/bin/python -m pip install -q --resume-retries 20 -e '.[cpu,dev]'
+  PIP_RESUME_RETRIES=20 retry .venv/bin/python -m pip install -q -e '.[cpu,dev]'
   # PyPI's torchvision/torchaudio do not match torch 2.13.0+cpu and break `import transformers`.
   .venv/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
   touch "$stamp"
