@@ -55,10 +55,10 @@ class FleetGateway:
         # The composition root: the backend set first, then its subscribers (docs/architecture.md §2).
         self.backends = BackendSet(Backend.from_spec(s) for s in backends)
         self.metrics.watch(self.backends)
-        self.pool = BackendPool(self.backends, node_tier, self._router_for, self.metrics.decision)
+        self.pool = BackendPool(self.backends, node_tier, self._router_for, self.metrics.decision, shared)
         self.scraper = LoadScraper(self.backends, settings.load_scrape_interval_s, settings.health_timeout_s,
-                                   settings.upstream_api_key) if settings.scrapes_load else None
-        self.limiter = Limiter(self.pool, settings, self.metrics, shared)
+                                   settings.upstream_api_key, self.pool.count) if settings.scrapes_load else None
+        self.limiter = Limiter(self.pool, settings, self.metrics)
         self.health = HealthChecker(self.backends, settings, self.metrics.count_probe, shared)
         self.ejector = Ejector(self.backends, settings, self.metrics, shared)
         self.proxy = Proxy(self.pool, settings, self.metrics, self.limiter, self.ejector)
@@ -71,7 +71,7 @@ class FleetGateway:
         self.auth = KeyCheck(settings.keys(), settings.public_models, settings.protect_metrics, settings.admin(),
                              console=settings.console)
         self.console = Console(settings, self.backends, self.pool, self.metrics.activity, self.auth,
-                               self.link, self.limiter.count) if settings.console else None
+                               self.link, self.pool.count) if settings.console else None
         self.api = self._build_api()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -182,7 +182,7 @@ class FleetGateway:
         async def fleet() -> dict[str, Any]:
             return {"vram_tier": pool.node_tier().value, "ready": pool.ready(),
                     "models": pool.served_models(),
-                    "backends": [{**b.describe(self.limiter.count(b)), "connections": upstream.counts(b.url)}
+                    "backends": [{**b.describe(self.pool.count(b)), "connections": upstream.counts(b.url)}
                                  for b in self.backends],
                     "routing": pool.routing(),
                     "supervisor": None if self.link is None else {"connected": self.link.connected}}

@@ -32,7 +32,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.pool import BackendPool
 from gateway.routing import Hint
 from gateway.settings import GatewaySettings
-from gateway.shared import GATEWAY, QUEUED, SharedCounts, column_of, gateway_total, publish
+from gateway.shared import GATEWAY, QUEUED, column_of, publish
 from gateway.state import BackendState
 
 QUEUE_FULL = "queue_full"
@@ -60,10 +60,9 @@ class _Waiter:
 
 
 class Limiter:
-    def __init__(self, pool: BackendPool, settings: GatewaySettings, metrics: GatewayMetrics,
-                 shared: SharedCounts | None = None) -> None:
+    def __init__(self, pool: BackendPool, settings: GatewaySettings, metrics: GatewayMetrics) -> None:
         self.pool = pool
-        self.shared = shared
+        self.shared = pool.shared
         self._poller: asyncio.Task[None] | None = None
         self.metrics = metrics
         self._fixed = settings.backend_max_concurrency  # None: each backend's own max_num_seqs
@@ -99,13 +98,9 @@ class Limiter:
             return -(-total // self._workers)
         return total
 
-    def count(self, b: Backend) -> int:
-        """Requests open to ``b`` from the whole gateway."""
-        return gateway_total(self.shared, b, b.in_flight)
-
     def has_room(self, b: Backend) -> bool:
         limit = self.limit(b)
-        return not limit or self.count(b) < limit
+        return not limit or self.pool.count(b) < limit
 
     def total_in_flight(self) -> int:
         return self.in_flight if self.shared is None else self.shared.total(GATEWAY)

@@ -1,11 +1,11 @@
 """What a vLLM server says about its own load (from its /metrics), and what routing makes of it.
 
 Pure data and arithmetic, below ``backend.py`` in the import order: the scraper (loadscrape.py)
-writes a backend's ``load``, routing (routing.py) reads it. The gateway's own in-flight count is
-exact and immediate; the scrape adds what the gateway cannot see (requests from other clients or
-other gateway workers, the engine's queue, KV-cache pressure) with up to one interval of delay. A
-scrape older than ``STALE_INTERVALS`` intervals (the backend stopped answering /metrics) is ignored
-and routing falls back to in-flight counts alone.
+writes a backend's ``load``, routing (routing.py) reads it. The gateway's own in-flight count
+(every worker's, from the shared table) is exact and immediate; the scrape adds what the gateway
+cannot see (requests from other clients, the engine's queue, KV-cache pressure) with up to one
+interval of delay. A scrape older than ``STALE_INTERVALS`` intervals (the backend stopped answering
+/metrics) is ignored and routing falls back to in-flight counts alone.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from typing import Protocol
 
 
 class Loaded(Protocol):
-    """What the load arithmetic reads of a backend."""
+    """What the load arithmetic reads of a backend (its in-flight count comes as an argument: with
+    several workers it is the sum over them, which only the caller can read)."""
 
-    in_flight: int
     load: UpstreamLoad | None
 
 
@@ -41,7 +41,7 @@ class UpstreamLoad:
     prefix_hits: float = 0.0  # counters since the server started (tokens)
     prefix_queries: float = 0.0
     at: float = 0.0  # monotonic time of the scrape
-    gateway_in_flight: int = 0  # the gateway's own in-flight count when the scrape arrived
+    gateway_in_flight: int = 0  # the gateway's in-flight count (every worker's) when the scrape arrived
 
 
 def parse_load(text: bytes, at: float = 0.0, gateway_in_flight: int = 0) -> UpstreamLoad:
@@ -76,22 +76,22 @@ def _fresh(b: Loaded, now: float, max_age: float) -> UpstreamLoad | None:
     return u if u is not None and now - u.at <= max_age else None
 
 
-def load_estimate(b: Loaded, now: float, max_age: float) -> float:
-    """Requests on the backend now: the gateway's own, plus those the last fresh scrape saw beyond
-    the gateway's own at that moment (other clients, other workers)."""
+def load_estimate(b: Loaded, in_flight: int, now: float, max_age: float) -> float:
+    """Requests on the backend now: ``in_flight``, the gateway's own, plus those the last fresh
+    scrape saw beyond the gateway's own at that moment (other clients)."""
     u = _fresh(b, now, max_age)
     if u is None:
-        return float(b.in_flight)
-    return b.in_flight + max(0.0, u.running + u.waiting - u.gateway_in_flight)
+        return float(in_flight)
+    return in_flight + max(0.0, u.running + u.waiting - u.gateway_in_flight)
 
 
 # A full KV cache weighs like this many extra requests: near it vLLM preempts and recomputes.
 KV_WEIGHT = 4.0
 
 
-def load_score(b: Loaded, now: float, max_age: float) -> float:
+def load_score(b: Loaded, in_flight: int, now: float, max_age: float) -> float:
     """Lower is better. The estimate above, plus the engine's queue once more (queued requests
     mean the replica is saturated, not just busy) and the KV-cache pressure."""
     u = _fresh(b, now, max_age)
-    base = load_estimate(b, now, max_age)
+    base = load_estimate(b, in_flight, now, max_age)
     return base if u is None else base + u.waiting + KV_WEIGHT * u.kv_usage

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 import aiohttp
 
@@ -23,8 +24,10 @@ class LoadScraper(BackendPoller):
 
     kind = "load scrape"
 
-    def __init__(self, backends: BackendSet, interval: float, timeout: float, api_key: str | None) -> None:
+    def __init__(self, backends: BackendSet, interval: float, timeout: float, api_key: str | None,
+                 count: Callable[[Backend], int]) -> None:
         super().__init__(backends, interval, interval, timeout, api_key)
+        self.count = count  # the gateway's requests open to a backend (pool.Count)
 
     async def poll(self, b: Backend) -> None:
         if not b.healthy:
@@ -37,4 +40,4 @@ class LoadScraper(BackendPoller):
         except (TimeoutError, aiohttp.ClientError) as e:
             log.debug("load scrape of %s failed: %s", b.name, e)
             return
-        b.load = parse_load(body, time.monotonic(), b.in_flight)
+        b.load = parse_load(body, time.monotonic(), self.count(b))

@@ -15,10 +15,14 @@ from fleetspec.policies import Policy
 from fleetspec.tiers import VramTier, largest_tier
 from gateway.backend import Backend, BackendSet
 from gateway.routing import Hint, Router
+from gateway.shared import SharedCounts, in_flight_counter
 from gateway.state import BackendState
 
 # Told of every routing decision: model, policy, reason (the metric's labels).
 DecisionHook = Callable[[str, str, str], None]
+# Requests open to a backend from the whole gateway: with several workers, every worker's (the
+# shared table), so that workers balance the gateway's load, not each their own share.
+Count = Callable[[Backend], int]
 # Leaving rotation for one of these (None: removed from the set) may have emptied the KV cache.
 _CACHE_LOST = frozenset({BackendState.UNHEALTHY, BackendState.ASLEEP, None})
 
@@ -30,8 +34,10 @@ def _default_router(_: str) -> Router:
 class BackendPool:
     def __init__(self, backends: BackendSet, node_tier: VramTier | None,
                  router_for: Callable[[str], Router] = _default_router,
-                 on_decision: DecisionHook | None = None) -> None:
+                 on_decision: DecisionHook | None = None, shared: SharedCounts | None = None) -> None:
         self.backends = backends
+        self.shared = shared  # the workers' table (shared.py), also the limiter's
+        self.count: Count = in_flight_counter(shared)
         self._tier_override = node_tier
         self._router_for = router_for
         self.routers: dict[str, Router] = {}
@@ -72,7 +78,7 @@ class BackendPool:
         if not usable:
             return None
         router = self.router(model)
-        b, reason = router.choose(group, usable, hint)
+        b, reason = router.choose(group, usable, hint, self.count)
         if self.on_decision is not None:
             self.on_decision(model, router.policy.value, reason)
         return b
@@ -89,13 +95,13 @@ class BackendPool:
         """Some replica of ``model`` in rotation outside ``exclude``, the least busy (no decision is
         counted: for a side request such as a token count, not for routing)."""
         usable = [b for b in self.backends.replicas(model) if b.healthy and b not in exclude]
-        return min(usable, key=lambda b: b.in_flight) if usable else None
+        return min(usable, key=self.count) if usable else None
 
     def least_busy(self, model: str, exclude: Iterable[Backend],
                    has_room: Callable[[Backend], bool]) -> Backend | None:
         """The replica in rotation with the fewest in-flight requests among those with room."""
         free = [b for b in self.backends.replicas(model) if b.healthy and b not in exclude and has_room(b)]
-        return min(free, key=lambda b: b.in_flight) if free else None
+        return min(free, key=self.count) if free else None
 
     def node_tier(self) -> VramTier:
         return self._tier_override or largest_tier(b.vram_tier for b in self.backends)

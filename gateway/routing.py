@@ -1,7 +1,8 @@
 """Routing policies: which in-rotation replica of a model takes a request. Selectable per model.
 
 - ``round_robin``: in turn, blind to load.
-- ``least_in_flight``: fewest requests open from this gateway; ties in turn. The default.
+- ``least_in_flight``: fewest requests open from this gateway (every worker's, pool.Count); ties
+  in turn. The default.
 - ``load_aware``: lowest ``load_score`` (loadscrape.py): the gateway's in-flight count plus what
   the replica's own /metrics says (requests from elsewhere, its queue, KV-cache use); ties in turn.
 - ``prefix_aware``: affinity first, load second. A request with a session key (the session
@@ -76,17 +77,18 @@ class Router:
         self._ring: HashRing | None = None
         self._ring_of: tuple[Backend, ...] = ()
 
-    def choose(self, group: Sequence[Backend], usable: Sequence[Backend],
-               hint: Hint | None) -> tuple[Backend, str]:
-        """``usable``: the in-rotation, not excluded members of ``group``; never empty."""
+    def choose(self, group: Sequence[Backend], usable: Sequence[Backend], hint: Hint | None,
+               count: Callable[[Backend], int]) -> tuple[Backend, str]:
+        """``usable``: the in-rotation, not excluded members of ``group``; never empty. ``count``:
+        the requests the whole gateway has open to a backend."""
         if self.policy is Policy.ROUND_ROBIN:
             return usable[next(self._turn) % len(usable)], BALANCED
         if self.policy is Policy.LEAST_IN_FLIGHT:
-            return self._least(usable, lambda b: float(b.in_flight)), BALANCED
+            return self._least(usable, lambda b: float(count(b))), BALANCED
         now = time.monotonic()
         if self.policy is Policy.LOAD_AWARE or hint is None:
-            return self._least(usable, lambda b: load_score(b, now, self.max_age)), BALANCED
-        return self._affine(group, usable, hint, now)
+            return self._least(usable, lambda b: load_score(b, count(b), now, self.max_age)), BALANCED
+        return self._affine(group, usable, hint, now, count)
 
     def _least(self, usable: Sequence[Backend], score: Callable[[Backend], float]) -> Backend:
         if len(usable) == 1:
@@ -97,8 +99,13 @@ class Router:
         return ties[0] if len(ties) == 1 else ties[next(self._turn) % len(ties)]
 
     def _affine(self, group: Sequence[Backend], usable: Sequence[Backend], hint: Hint,
-                now: float) -> tuple[Backend, str]:
-        loads = {id(b): load_estimate(b, now, self.max_age) for b in usable}
+                now: float, count: Callable[[Backend], int]) -> tuple[Backend, str]:
+        counts = {id(b): count(b) for b in usable}  # once each: with workers a count sums the table
+        loads = {id(b): load_estimate(b, counts[id(b)], now, self.max_age) for b in usable}
+
+        def score(b: Backend) -> float:
+            return load_score(b, counts[id(b)], now, self.max_age)
+
         # Bounded loads: a replica may take this request if it would then hold at most
         # load_factor × the average load (this request included), rounded up.
         bound = math.ceil(self.load_factor * (sum(loads.values()) + 1) / len(usable))
@@ -126,12 +133,12 @@ class Router:
             if hint.opening and depth < hint.opening_blocks:
                 chosen, reason = on_ring(hint.opening, PREFIX_HASH)  # this worker has not seen the chat
             elif fitting:
-                chosen = self._least(fitting, lambda b: load_score(b, now, self.max_age))
+                chosen = self._least(fitting, score)
                 reason = PREFIX_MATCH
             elif hint.blocks:
                 reason = OVERLOADED if depth else PREFIX_MISS
         if chosen is None:  # no affinity, or no affinity replica within the bound
-            chosen = self._least(usable, lambda b: load_score(b, now, self.max_age))
+            chosen = self._least(usable, score)
         if self.index is not None and hint.blocks:
             self.index.record(hint.blocks, chosen)
         return chosen, reason

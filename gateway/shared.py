@@ -90,6 +90,22 @@ def gateway_total(shared: SharedCounts | None, b: _Keyed, own: int, plane: int =
     return own if col is None or shared is None else shared.total(col, plane)
 
 
+class _Counted(_Keyed, Protocol):
+    in_flight: int  # this worker's requests open to it
+
+
+def in_flight_counter(shared: SharedCounts | None) -> Callable[[_Counted], int]:
+    """How many requests the whole gateway has open to a backend: the sum over the workers where
+    there is a table, this worker's own count where there is none (one worker, the fast path)."""
+    if shared is None:
+        return _own_in_flight
+    return lambda b: gateway_total(shared, b, b.in_flight)
+
+
+def _own_in_flight(b: _Counted) -> int:
+    return b.in_flight
+
+
 class Follower:
     """Calls ``look`` every ``SYNC_S`` in a task of its own between ``start`` and ``stop``: how a
     worker follows what the other workers publish (ejection.py, health.py)."""

@@ -32,7 +32,8 @@ def limiter(workers: int, shared: SharedCounts | None) -> Limiter:
         b = Backend(f"backend-{i}", f"http://b{i}", VramTier.UNKNOWN, ["m"], ["m"], max_num_seqs=256)
         b.state = BackendState.HEALTHY
         backends.append(b)
-    return Limiter(BackendPool(BackendSet(backends), None), GatewaySettings(workers=workers), GatewayMetrics(), shared)
+    return Limiter(BackendPool(BackendSet(backends), None, shared=shared), GatewaySettings(workers=workers),
+                   GatewayMetrics())
 
 
 async def per_request_us(lim: Limiter, n: int) -> float:

@@ -58,9 +58,9 @@ def test_load_estimate_adds_what_others_send_and_drops_stale_scrapes() -> None:
     now = time.monotonic()
     # At scrape time the gateway had 2 open and vLLM ran 5 and queued 1: 4 came from elsewhere.
     b = _b("a", in_flight=3, load=UpstreamLoad(running=5, waiting=1, kv_usage=0.5, at=now, gateway_in_flight=2))
-    assert load_estimate(b, now, 3.0) == 3 + 4
-    assert load_score(b, now, 3.0) == 3 + 4 + 1 + 4.0 * 0.5
-    assert load_estimate(b, now + 10, 3.0) == load_score(b, now + 10, 3.0) == 3  # stale: own count only
+    assert load_estimate(b, 3, now, 3.0) == 3 + 4
+    assert load_score(b, 3, now, 3.0) == 3 + 4 + 1 + 4.0 * 0.5
+    assert load_estimate(b, 3, now + 10, 3.0) == load_score(b, 3, now + 10, 3.0) == 3  # stale: own count only
 
 
 def _pool(policy: Policy, *backends: Backend, factor: float = 1.25) -> tuple[BackendPool, list[tuple[str, ...]]]:

@@ -11,12 +11,14 @@ from pathlib import Path
 
 import pytest
 
+from fleetspec.policies import Policy
 from fleetspec.tiers import VramTier
 from gateway.backend import Backend, BackendSet
 from gateway.ejection import Ejector
 from gateway.limiter import MAX_IN_FLIGHT, QUEUE_FULL, Limiter, Rejected
 from gateway.metrics import GatewayMetrics
 from gateway.pool import BackendPool
+from gateway.routing import Router, hint_for
 from gateway.settings import GatewaySettings
 from gateway.shared import FAILURES, GATEWAY, QUEUED, SharedCounts, column_of, create
 from gateway.state import BackendState
@@ -88,7 +90,7 @@ def worker(shared: SharedCounts, queue: int = 512) -> tuple[Limiter, Backend]:
     b.state = BackendState.HEALTHY
     settings = GatewaySettings(workers=2, backend_max_concurrency=2, max_in_flight=3, queue_timeout_s=5,
                                backend_queue=queue)
-    return Limiter(BackendPool(BackendSet([b]), None), settings, GatewayMetrics(), shared), b
+    return Limiter(BackendPool(BackendSet([b]), None, shared=shared), settings, GatewayMetrics()), b
 
 
 async def test_two_workers_limiters_share_a_backends_slots_and_the_gateway_cap(tmp_path: Path) -> None:
@@ -105,7 +107,7 @@ async def test_two_workers_limiters_share_a_backends_slots_and_the_gateway_cap(t
         assert not waiter.done() and lb.waiting == 1  # full across the workers: b's worker queues
         la.release(a)  # freed in the other worker: b's worker sees it at its next look
         assert await asyncio.wait_for(waiter, 1) is b
-        assert (la.count(a), lb.count(b)) == (2, 2)
+        assert (la.pool.count(a), lb.pool.count(b)) == (2, 2)
 
         for lim in (la, la, lb):
             lim.enter()
@@ -142,6 +144,41 @@ async def test_the_queue_is_the_gateways_whichever_worker_holds_the_waiters(tmp_
         with pytest.raises(asyncio.CancelledError):
             await waiters[2]
         assert sb.total(sb.column("m") or 0, QUEUED) == 0 and lb.waiting == 0
+    finally:
+        sb.close()
+        sa.close()
+
+
+def routing_worker(shared: SharedCounts, policy: Policy) -> tuple[Limiter, dict[str, Backend]]:
+    """One worker's limiter over its own Backend objects for two replicas, unlimited."""
+    reps = {n: Backend(n, f"http://{n}", VramTier.UNKNOWN, ["m"], ["m"]) for n in ("r1", "r2")}
+    for b in reps.values():
+        b.state = BackendState.HEALTHY
+    pool = BackendPool(BackendSet(reps.values()), None, lambda _: Router(policy, 1.25, 1000, 3.0), shared=shared)
+    return Limiter(pool, GatewaySettings(workers=2), GatewayMetrics()), reps
+
+
+@pytest.mark.parametrize("policy", [Policy.LEAST_IN_FLIGHT, Policy.LOAD_AWARE, Policy.PREFIX_AWARE])
+async def test_workers_balance_the_gateways_requests_not_each_their_own(tmp_path: Path, policy: Policy) -> None:
+    """Each worker picks by the requests the whole gateway has open: a worker with nothing in
+    flight of its own sends its first request to the replica the other worker left idle. Counting
+    only its own (a tie), every worker's first request went to the same replica."""
+    path = create(str(tmp_path), 2)
+    sa, sb = SharedCounts(path, 2, pid=os.getppid()), SharedCounts(path, 2)
+    try:
+        (la, a), (lb, b) = routing_worker(sa, policy), routing_worker(sb, policy)
+        deadline = asyncio.get_running_loop().time() + 10
+        hint = hint_for({"prompt": "a prompt no replica has seen"}, None, workers=2)
+        first = await la.acquire("m", (), deadline, hint)
+        assert first is not None
+        second = await lb.acquire("m", (), deadline, hint_for({"prompt": "another prompt"}, None, workers=2))
+        assert second is not None and second.name != first.name
+        assert {n: la.pool.count(r) for n, r in a.items()} == {"r1": 1, "r2": 1}
+        la.release(first)
+        # r1 or r2 is now idle in the gateway; worker b, which holds one, sends there.
+        third = await lb.acquire("m", (), deadline)
+        assert third is not None and third.name == first.name
+        assert {n: lb.pool.count(r) for n, r in b.items()} == {"r1": 1, "r2": 1}
     finally:
         sb.close()
         sa.close()

@@ -287,3 +287,31 @@ def test_four_workers_share_their_probes_verdicts(tmp_path: Path) -> None:
         gw.stop()
         good.stop()
         flaky.stop()
+
+
+def test_four_workers_balance_the_gateways_requests_over_the_replicas(tmp_path: Path) -> None:
+    """8 slow requests, each on a new connection and each sent once the one before it is open
+    upstream, go 4 and 4 to two replicas, however the kernel spread them over 4 workers: each
+    worker picks by the whole gateway's in-flight counts. Picking by its own counts, every worker
+    broke its first tie the same way, so a worker handed an odd number of them left one more on
+    that replica each time (5 and 3 in 2 of 3 runs before the change)."""
+    one, two = FakeVllm(tmp_path, ["m1"]), FakeVllm(tmp_path, ["m1"])
+    gw = Gateway(tmp_path, instances(one, two), args=["--workers", "4"])
+    try:
+        directory = metrics_dir_of(workers_of(gw.pid)[0])
+        assert wait_until(lambda: len(workers_of(gw.pid)) == 4 and all(
+            rotation_by_pid(directory, f"fake-{f.port}").get(p) == 1 for p in workers_of(gw.pid) for f in (one, two)),
+            20)
+        slow = BODY.replace(b'"max_tokens": 4', b'"max_tokens": 4, "fake_latency": 10')
+        with ThreadPoolExecutor(8) as ex:
+            running = []
+            for n in range(1, 9):
+                running.append(ex.submit(lambda: httpx.post(gw.url + "/v1/chat/completions", content=slow,
+                                                            headers=HEADERS, timeout=30).status_code))
+                assert wait_until(lambda n=n: one.stats()["in_flight"] + two.stats()["in_flight"] == n, 5), n
+            assert (one.stats()["in_flight"], two.stats()["in_flight"]) == (4, 4)
+            assert [f.result() for f in running] == [200] * 8
+    finally:
+        gw.stop()
+        one.stop()
+        two.stop()
