@@ -31,6 +31,7 @@ from gateway.load import STALE_INTERVALS
 from gateway.loadscrape import LoadScraper
 from gateway.metrics import GatewayMetrics
 from gateway.pool import BackendPool
+from gateway.prefixshare import PrefixTable
 from gateway.proxy import Proxy
 from gateway.routing import Router
 from gateway.settings import GatewaySettings
@@ -49,8 +50,9 @@ class FleetGateway:
     """The ASGI callable uvicorn serves."""
 
     def __init__(self, settings: GatewaySettings, backends: list[BackendSpec], node_tier: VramTier | None,
-                 shared: SharedCounts | None = None) -> None:
+                 shared: SharedCounts | None = None, prefixes: PrefixTable | None = None) -> None:
         self.settings = settings
+        self.prefixes = prefixes  # the workers' shared prefix index (prefixshare.py); None: each router its own
         self.metrics = GatewayMetrics()
         # The composition root: the backend set first, then its subscribers (docs/architecture.md §2).
         self.backends = BackendSet(Backend.from_spec(s) for s in backends)
@@ -127,7 +129,8 @@ class FleetGateway:
     def _router_for(self, model: str) -> Router:
         s = self.settings
         return Router(s.policy_of(model), s.affinity_load_factor, s.prefix_index_blocks,
-                      s.load_scrape_interval_s * STALE_INTERVALS)
+                      s.load_scrape_interval_s * STALE_INTERVALS,
+                      self.prefixes.index(model) if self.prefixes is not None else None)
 
     def _build_api(self) -> FastAPI:
         @asynccontextmanager
@@ -158,6 +161,8 @@ class FleetGateway:
                 if self.warmer is not None:
                     await self.warmer.stop()
                 await self.proxy.stop()
+                if self.prefixes is not None:
+                    self.prefixes.close()  # its entries stay in the file for the other workers
                 if self.limiter.shared is not None:
                     self.limiter.shared.close()  # this worker's counts leave the others' sums
 

@@ -47,7 +47,7 @@ def run_gateway(config_path: str, workers: int | None = None) -> int:
         uvicorn.run(app, **opts)  # one process, today's in-memory metrics registry
         return 0
     log.info("starting %d workers", s.workers)
-    with worker_environment(config_path, s.workers):
+    with worker_environment(config_path, s.workers, s.prefix_index_blocks):
         uvicorn.run("gateway.workers:worker_app", factory=True, workers=s.workers, **opts)
     return 0
 

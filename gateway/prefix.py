@@ -15,8 +15,8 @@ import bisect
 import hashlib
 import json
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from collections.abc import Iterable, Sequence
+from typing import Any, Protocol
 
 from gateway.backend import Backend
 
@@ -67,14 +67,27 @@ def _content_text(content: object) -> str:
 
 def block_hashes(text: str) -> list[int]:
     """Chained hashes of the full blocks of ``text`` (a partial last block is left out: no later
-    request can share it as a whole block). Python's str hash: fast, and per-process is enough
-    because the index lives in one process."""
+    request can share it as a whole block). Python's str hash: fast; the same in every gateway
+    worker because they share one PYTHONHASHSEED (workers.py, prefixshare.py)."""
     out: list[int] = []
     h = 0
     for i in range(0, min(len(text), BLOCK_CHARS * MAX_BLOCKS) - BLOCK_CHARS + 1, BLOCK_CHARS):
         h = hash((h, text[i:i + BLOCK_CHARS]))
         out.append(h)
     return out
+
+
+class Index(Protocol):
+    """What routing asks of a prefix index: this process's own (below), or the workers' shared one
+    (prefixshare.py)."""
+
+    def __len__(self) -> int: ...
+
+    def deepest(self, hashes: Sequence[int], usable: Sequence[Backend]) -> tuple[int, list[Backend]]: ...
+
+    def record(self, hashes: Iterable[int], b: Backend) -> None: ...
+
+    def forget(self, b: Backend) -> None: ...
 
 
 class PrefixIndex:
@@ -87,15 +100,16 @@ class PrefixIndex:
     def __len__(self) -> int:
         return len(self._map)
 
-    def deepest(self, hashes: Sequence[int], usable: Callable[[Backend], bool]) -> tuple[int, list[Backend]]:
-        """How many blocks matched, and the usable replicas holding that longest prefix.
+    def deepest(self, hashes: Sequence[int], usable: Sequence[Backend]) -> tuple[int, list[Backend]]:
+        """How many blocks matched, and the replicas among ``usable`` holding that longest prefix.
 
         Walks from the longest prefix down, so a replica that holds more of it wins over one
         that holds less; (0, []) when no usable replica holds even the first block."""
+        ids = {id(b) for b in usable}
         for depth in range(len(hashes), 0, -1):
             holders = self._map.get(hashes[depth - 1])
             if holders:
-                found = [b for b in holders if usable(b)]
+                found = [b for b in holders if id(b) in ids]
                 if found:
                     return depth, found
         return 0, []
@@ -124,8 +138,8 @@ class PrefixIndex:
                 del self._map[h]
 
 
-def _point(key: str) -> int:
-    # Stable across processes and restarts (unlike hash()), so every gateway worker agrees.
+def stable_hash(key: str) -> int:
+    """64 bits, the same across processes and restarts (unlike hash()), so every gateway worker agrees."""
     return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "big")
 
 
@@ -136,7 +150,7 @@ class HashRing:
     VNODES = 64
 
     def __init__(self, backends: Sequence[Backend]) -> None:
-        points = sorted((_point(f"{b.name}#{v}"), i) for i, b in enumerate(backends) for v in range(self.VNODES))
+        points = sorted((stable_hash(f"{b.name}#{v}"), i) for i, b in enumerate(backends) for v in range(self.VNODES))
         self._keys = [p for p, _ in points]
         self._owners = [backends[i] for _, i in points]
 
@@ -145,7 +159,7 @@ class HashRing:
         n = len(self._keys)
         if not n:
             return
-        start = bisect.bisect(self._keys, _point(key))
+        start = bisect.bisect(self._keys, stable_hash(key))
         seen: set[int] = set()
         for j in range(n):
             b = self._owners[(start + j) % n]

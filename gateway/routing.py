@@ -12,10 +12,11 @@
   no replica is overloaded for the sake of affinity; then, and when nothing matches, the
   load-aware choice. The prefix is recorded for whichever replica is chosen.
 
-  With several gateway workers each worker's index sees only the requests it took, so a chat's
-  next turn, taken by another worker, would miss. There a chat whose whole opening (through its
-  first user message) the index does not hold goes by its opening on the hash ring instead
-  (``prefix_hash``): every worker puts every turn of one conversation on the same replica.
+  With several gateway workers the index is one table that they all map (prefixshare.py): what
+  any worker sent where, every worker finds. A chat whose whole opening (through its first user
+  message) the index does not hold (its first turn, or an opening the table has since replaced)
+  goes by its opening on the hash ring (``prefix_hash``), which every worker shares too, so every
+  turn of one conversation goes to one replica whichever workers take them.
 
 Each choice returns a reason, counted in ``fleet_routing_decisions_total``.
 """
@@ -32,7 +33,7 @@ from typing import Any
 from fleetspec.policies import Policy
 from gateway.backend import Backend
 from gateway.load import load_estimate, load_score
-from gateway.prefix import BLOCK_CHARS, HashRing, PrefixIndex, block_hashes, prompt_parts, prompt_text
+from gateway.prefix import BLOCK_CHARS, HashRing, Index, PrefixIndex, block_hashes, prompt_parts, prompt_text
 
 # Reasons, the metric's label values.
 BALANCED = "balanced"  # the policy's load (or turn) based choice
@@ -68,12 +69,16 @@ def hint_for(doc: dict[str, Any], session: str | None, workers: int = 1) -> Hint
 class Router:
     """The routing state of one model: its policy, turn counter, prefix index and ring."""
 
-    def __init__(self, policy: Policy, load_factor: float, index_capacity: int, max_age: float) -> None:
+    def __init__(self, policy: Policy, load_factor: float, index_capacity: int, max_age: float,
+                 shared_index: Index | None = None) -> None:
+        """``shared_index``: the workers' (prefixshare.py), used instead of an index of its own."""
         self.policy = policy
         self.load_factor = load_factor
         self.max_age = max_age
         self._turn = itertools.count()
-        self.index = PrefixIndex(index_capacity) if policy is Policy.PREFIX_AWARE else None
+        self.index: Index | None = None
+        if policy is Policy.PREFIX_AWARE:
+            self.index = shared_index if shared_index is not None else PrefixIndex(index_capacity)
         self._ring: HashRing | None = None
         self._ring_of: tuple[Backend, ...] = ()
 
@@ -128,7 +133,7 @@ class Router:
             chosen, reason = on_ring(hint.session, SESSION)
         else:
             assert self.index is not None
-            depth, holders = self.index.deepest(hint.blocks, lambda b: id(b) in loads)
+            depth, holders = self.index.deepest(hint.blocks, usable)
             fitting = [b for b in holders if fits(b)]
             if hint.opening and depth < hint.opening_blocks:
                 chosen, reason = on_ring(hint.opening, PREFIX_HASH)  # this worker has not seen the chat

@@ -99,7 +99,8 @@ class GatewaySettings(BaseSettings):
     affinity_load_factor: float = Field(1.25, ge=1.0, description="prefix_aware: an affinity replica is passed over "
                                         "when it would hold more than this × the average load")
     prefix_index_blocks: int = Field(200_000, ge=1, description="prefix_aware: prompt blocks (128 characters each) "
-                                     "remembered per model, least recently used out")
+                                     "remembered per model, least recently used out; with several workers "
+                                     "the size of their shared table, for all models")
 
     log_level: str = Field("info", description="log level: debug, info, warning, error")
     access_log: bool = Field(False, description="log every request (uvicorn's access log)")

@@ -11,12 +11,12 @@ likewise answered 429 in a worker handed more waiters than its share while the o
 were free (CI, 16 requests against a limit of 8 and a queue of 16 over 4 workers).
 
 One file in the workers' private directory, mapped by every worker: planes of int64 cells (one per
-kind of count: ``IN_FLIGHT``, ``FAILURES``, ``EJECTED_UNTIL``, ``QUEUED``, ``PROBED``), each a row per worker
-and a column per name (a backend's; for ``QUEUED`` a model's; column 0 of ``IN_FLIGHT``: the
-worker's requests in flight, for ``max_in_flight``). A worker writes only its own row, so the hot
-path takes no lock; a reader sums (or takes the largest of) a column over the rows. Two workers
-that look at the same moment may both take a backend's last slot (or a queue's last place), so a
-limit can be passed by at most N-1, the bound the divided limits had.
+kind of count: ``IN_FLIGHT``, ``FAILURES``, ``EJECTED_UNTIL``, ``QUEUED``, ``PROBED``,
+``FORGOTTEN``), each a row per worker and a column per name (a backend's; for ``QUEUED`` a model's;
+column 0 of ``IN_FLIGHT``: the worker's requests in flight, for ``max_in_flight``). A worker writes
+only its own row, so the hot path takes no lock; a reader sums (or takes the largest of) a column
+over the rows. Two workers that look at the same moment may both take a backend's last slot (or a
+queue's last place), so a limit can be passed by at most N-1, the bound the divided limits had.
 
 A worker takes a row at start-up under ``flock``: a free one, or one whose worker is dead (uvicorn
 replaced it); it zeroes the row, since a dead worker's requests died with it. Names get their
@@ -44,7 +44,8 @@ FAILURES = 1  # failed requests in a row (ejection.py)
 EJECTED_UNTIL = 2  # the end of the backend's ejection, wall-clock milliseconds; 0 none
 QUEUED = 3  # requests waiting in a model's queue (the column of the model's name; limiter.py)
 PROBED = 4  # the last move this worker's own probes made: wall-clock µs × 4 + the new state (health.py)
-PLANES = 5
+FORGOTTEN = 5  # the generation of the backend's cache, as this worker last set it (prefixshare.py)
+PLANES = 6
 SYNC_S = 0.1  # how often a worker looks for what the others published (ejections, probe verdicts)
 
 

@@ -7,12 +7,15 @@ so it builds its own from the config path, which the parent passes in ``FLEET_GA
 What the workers share, in a table each worker maps (shared.py): their in-flight counts, per
 backend and in all, and their queued counts per model, so that ``backend_max_concurrency`` (or
 vLLM's ``max_num_seqs``), ``max_in_flight`` and ``backend_queue`` bound the whole gateway and no
-worker turns a request away while the gateway has room; and passive ejection (ejection.py). What
-each keeps to itself (docs/gateway.md, "Several workers"): its backend pool (least-in-flight
-balances its own requests), its health probes (each worker probes every backend), routing state,
-and its waiters (a worker hands slots to its own, oldest first). Metrics are shared through
-prometheus_client's multiprocess files. Both live in a private directory that the parent creates
-before the workers start and removes when they are gone.
+worker turns a request away while the gateway has room, and so that every policy routes by the
+gateway's in-flight counts; passive ejection (ejection.py) and the probes' verdicts (health.py).
+And in a second file, prefix-aware routing's index (prefixshare.py), whose keys are Python's str
+hashes: the workers get one PYTHONHASHSEED, a random one per start unless one is set. What each
+keeps to itself (docs/gateway.md, "Several workers"): its health probes (each worker probes every
+backend; the verdicts are shared), its turn counters, and its waiters (a worker hands slots to its
+own, oldest first). Metrics are shared through prometheus_client's multiprocess files. All live in
+a private directory that the parent creates before the workers start and removes when they are
+gone.
 """
 
 from __future__ import annotations
@@ -20,15 +23,18 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import random
 import shutil
 import tempfile
 from collections.abc import Iterator
 
+from gateway import prefixshare
 from gateway.shared import SharedCounts, create
 
 CONFIG_ENV = "FLEET_GATEWAY_CONFIG"
 METRICS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 SHARED_ENV = "FLEET_SHARED_COUNTS"
+PREFIXES_ENV = "FLEET_SHARED_PREFIXES"
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
@@ -38,15 +44,17 @@ def shared_rows(workers: int) -> int:
 
 
 @contextlib.contextmanager
-def worker_environment(config_path: str, workers: int) -> Iterator[str]:
+def worker_environment(config_path: str, workers: int, prefix_blocks: int) -> Iterator[str]:
     """What spawned workers inherit: the config path, the worker count (the ``--workers`` flag
-    included), and a private directory for prometheus_client's per-process files, which must be
-    set before any worker imports prometheus_client. Afterwards the directory is removed and the
-    environment restored; yields the directory."""
+    included), one hash seed, and a private directory for prometheus_client's per-process files,
+    which must be set before any worker imports prometheus_client, and for the shared tables.
+    Afterwards the directory is removed and the environment restored; yields the directory."""
     path = tempfile.mkdtemp(prefix="fleet-gateway-metrics-")
     counts = create(path, shared_rows(workers))  # not a *.db file: prometheus_client ignores it
+    prefixes = prefixshare.create(path, prefixshare.slots_for(prefix_blocks))
     wanted = {CONFIG_ENV: os.path.abspath(config_path), "FLEET_WORKERS": str(workers), METRICS_DIR_ENV: path,
-              SHARED_ENV: counts}
+              SHARED_ENV: counts, PREFIXES_ENV: prefixes,
+              "PYTHONHASHSEED": os.environ.get("PYTHONHASHSEED") or str(random.randint(1, 2**32 - 1))}
     before = {k: os.environ.get(k) for k in wanted}
     os.environ.update(wanted)
     try:
@@ -70,6 +78,10 @@ def worker_app() -> object:
     settings = load_settings(cfg.settings)
     # A spawned worker starts with logging unconfigured; the gateway's own loggers need a handler.
     logging.basicConfig(level=settings.log_level.upper(), format=LOG_FORMAT)
-    path = os.environ.get(SHARED_ENV)
-    shared = SharedCounts(path, shared_rows(settings.workers)) if path and settings.workers > 1 else None
-    return FleetGateway(settings, cfg.backends, cfg.node_tier, shared)
+    path, prefixes = os.environ.get(SHARED_ENV), os.environ.get(PREFIXES_ENV)
+    if not path or settings.workers == 1:
+        return FleetGateway(settings, cfg.backends, cfg.node_tier)
+    shared = SharedCounts(path, shared_rows(settings.workers))
+    table = (prefixshare.PrefixTable(prefixes, prefixshare.slots_for(settings.prefix_index_blocks), shared)
+             if prefixes else None)
+    return FleetGateway(settings, cfg.backends, cfg.node_tier, shared, table)

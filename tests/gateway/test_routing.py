@@ -132,13 +132,13 @@ def test_prefix_index_finds_the_deepest_usable_holder_and_forgets() -> None:
     idx = PrefixIndex(capacity=4)
     idx.record([1, 2, 3], a)
     idx.record([1, 2], b)
-    assert idx.deepest([1, 2, 3, 9], lambda _: True) == (3, [a])
-    assert idx.deepest([1, 2, 3], lambda x: x is b) == (2, [a, b][1:])
+    assert idx.deepest([1, 2, 3, 9], [a, b]) == (3, [a])
+    assert idx.deepest([1, 2, 3], [b]) == (2, [b])
     idx.record([7, 8], a)  # capacity 4: the least recently used (3) goes
-    assert idx.deepest([1, 2, 3], lambda _: True)[0] == 2
+    assert idx.deepest([1, 2, 3], [a, b])[0] == 2
     idx.forget(a)
-    assert idx.deepest([7, 8], lambda _: True) == (0, [])
-    assert idx.deepest([1, 2], lambda _: True) == (2, [b])
+    assert idx.deepest([7, 8], [a, b]) == (0, [])
+    assert idx.deepest([1, 2], [a, b]) == (2, [b])
 
 
 def test_prefix_aware_keeps_a_conversation_on_one_replica() -> None:

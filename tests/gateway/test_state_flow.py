@@ -111,7 +111,7 @@ def test_pool_forgets_a_replica_that_went_to_sleep() -> None:
     first.move(Writer.SUPERVISOR, S.ASLEEP)  # level 1 and 2 both drop the KV cache
     index = pool.routers["m"].index
     assert index is not None
-    assert index.deepest(hint_for(doc, None).blocks, lambda x: True)[1] == []
+    assert index.deepest(hint_for(doc, None).blocks, [a, b])[1] == []
 
 
 async def test_limiter_hands_a_slot_to_a_waiter_when_a_backend_enters_rotation() -> None:

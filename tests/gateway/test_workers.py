@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import glob
+import json
 import os
 import signal
 from collections.abc import Iterator
@@ -311,6 +312,41 @@ def test_four_workers_balance_the_gateways_requests_over_the_replicas(tmp_path: 
                 assert wait_until(lambda n=n: one.stats()["in_flight"] + two.stats()["in_flight"] == n, 5), n
             assert (one.stats()["in_flight"], two.stats()["in_flight"]) == (4, 4)
             assert [f.result() for f in running] == [200] * 8
+    finally:
+        gw.stop()
+        one.stop()
+        two.stop()
+
+
+def test_four_workers_share_what_prefix_aware_routing_learns(tmp_path: Path) -> None:
+    """One request with a long prompt is held open on one replica; 12 more that share its prefix,
+    each on a new connection, all go to that replica, whichever of the 4 workers take them: the
+    prefix index is one table for every worker. With an index per worker, a worker that had not
+    seen the prefix sent it to the idle replica (by the gateway's in-flight counts) and learned it
+    there: the second replica took some of the 12 in 3 runs of 3."""
+    one, two = FakeVllm(tmp_path, ["m1"]), FakeVllm(tmp_path, ["m1"])
+    gw = Gateway(tmp_path, instances(one, two), args=["--workers", "4"], env={"FLEET_ROUTING_POLICY": "prefix_aware"})
+    try:
+        directory = metrics_dir_of(workers_of(gw.pid)[0])
+        assert wait_until(lambda: len(workers_of(gw.pid)) == 4 and all(
+            rotation_by_pid(directory, f"fake-{f.port}").get(p) == 1 for p in workers_of(gw.pid) for f in (one, two)),
+            20)
+        prefix = "You answer questions about the sea, briefly and kindly. " * 12
+
+        def body(question: str, latency: float = 0) -> bytes:
+            return json.dumps({"model": "m1", "prompt": prefix + question, "max_tokens": 4,
+                               "fake_latency": latency}).encode()
+
+        with ThreadPoolExecutor(1) as ex:
+            held = ex.submit(lambda: httpx.post(gw.url + "/v1/completions", content=body("why blue?", 10),
+                                                headers=HEADERS, timeout=30).status_code)
+            assert wait_until(lambda: one.stats()["in_flight"] + two.stats()["in_flight"] == 1, 5)
+            home, other = (one, two) if one.stats()["in_flight"] else (two, one)
+            for i in range(12):
+                assert httpx.post(gw.url + "/v1/completions", content=body(f"question {i}?"), headers=HEADERS,
+                                  timeout=10).status_code == 200
+            assert (home.stats()["requests_total"], other.stats()["requests_total"]) == (13, 0)
+            assert held.result() == 200
     finally:
         gw.stop()
         one.stop()
