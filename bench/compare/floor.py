@@ -5,9 +5,10 @@ The floor: an ASGI app that reads the body and answers a fixed JSON itself (no u
 the way the gateway is (uvloop, the gateway's httptools protocol, no access log). Each on CPU 0 in
 turn, the gateway in front of run.py's fake upstream; the load generator (64 concurrent, as
 run.py's conc phase) and the upstream on CPU 1. Prints user and system CPU µs per request of
-every pass, then the medians.
+every pass, then the medians. ``--granian`` adds the same answer served by granian, through ASGI
+and through its own RSGI interface (bench/README.md: granian's floor).
 
-    .venv/bin/python bench/compare/floor.py [--passes 5] [--requests 20000]
+    .venv/bin/python bench/compare/floor.py [--passes 5] [--requests 20000] [--granian]
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -40,6 +42,25 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     await send({"type": "http.response.body", "body": _BODY})
 
 
+_RSGI_HEAD = [("content-type", "application/json")]
+
+
+async def rsgi_app(scope: Any, protocol: Any) -> None:
+    """The floor in granian's own interface (RSGI), its cheapest path: no ASGI messages."""
+    await protocol()
+    protocol.response_bytes(200, _RSGI_HEAD, _BODY)
+
+
+def serve_granian(port: int, interface: str) -> None:
+    """The same answer under granian (Rust HTTP/1.1, the app on an asyncio loop): whether another
+    server's floor leaves more room for the gateway's own work (installed on demand: bench only)."""
+    from granian import Granian
+
+    target = "floor:app" if interface == "asgi" else "floor:rsgi_app"
+    Granian(target, address="127.0.0.1", port=port, interface=interface, workers=1, runtime_threads=1,
+            loop="uvloop", http="1", log_enabled=False, working_dir=Path(__file__).parent).serve()
+
+
 def serve(port: int) -> None:
     import uvicorn
 
@@ -49,9 +70,10 @@ def serve(port: int) -> None:
                 access_log=False, log_level="warning", proxy_headers=False, server_header=False)
 
 
-def _floor(work: Path) -> tuple[Proc, str]:
+def _floor(work: Path, server: str = "uvicorn") -> tuple[Proc, str]:
     port = free_port()
-    p = Proc("floor", [sys.executable, __file__, "--serve", str(port)], work / "floor.log", PROXY_CPU)
+    p = Proc("floor", [sys.executable, __file__, "--serve", str(port), "--server", server], work / "floor.log",
+             PROXY_CPU)
     url = f"http://127.0.0.1:{port}"
     p.wait_http(url + "/", 20, ok=lambda r: r.status_code == 200)
     return p, url
@@ -61,11 +83,16 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--passes", type=int, default=5)
     ap.add_argument("--requests", type=int, default=20000)
+    ap.add_argument("--granian", action="store_true", help="also the floor under granian (pip installs it)")
     ap.add_argument("--serve", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--server", default="uvicorn", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.serve:
         sys.path.insert(0, str(ROOT))
-        serve(a.serve)
+        if a.server == "uvicorn":
+            serve(a.serve)
+        else:
+            serve_granian(a.serve, a.server.removeprefix("granian-"))
         return
     if TWO_CPUS:
         os.sched_setaffinity(0, {SIDE_CPU})
@@ -73,10 +100,15 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     upstream, up_url = start_upstream(work, SIDE_CPU, 20.0)
     seen: dict[str, list[tuple[float, float]]] = {"uvicorn floor": [], "gateway": []}
+    if a.granian:
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "granian==2.8.7"], check=True)
+        seen["granian-asgi floor"] = []
+        seen["granian-rsgi floor"] = []
     try:
         for i in range(a.passes):
             for name in seen:
-                p, url = _floor(work) if name == "uvicorn floor" else gateway(work, up_url, PROXY_CPU, work)[:2]
+                p, url = (gateway(work, up_url, PROXY_CPU, work)[:2] if name == "gateway"
+                          else _floor(work, name.split()[0]))
                 try:
                     _run(loadgen.requests(url, 2000, 64, 30))  # connections open, caches warm
                     u0, s0 = p.cpu_split()
