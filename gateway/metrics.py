@@ -89,7 +89,7 @@ class GatewayMetrics:
             MultiProcessCollector(self._mp_registry, self._mp_dir)  # type: ignore[no-untyped-call]
         self.routing = Counter("fleet_routing_decisions_total",
                                "Replica choices by model, policy and reason: balanced, prefix_match, prefix_miss, "
-                               "session, prefix_hash, affinity_overloaded", ["model", "policy", "reason"], registry=r)
+                               "session, affinity_overloaded", ["model", "policy", "reason"], registry=r)
         self.migrations = Counter("fleet_stream_migrations_total",
                                   "Streams whose replica broke after the first byte, by what became of them: migrated, "
                                   "finished, or why they ended with the error event (docs/stream-failover.md)",

@@ -26,26 +26,17 @@ MAX_BLOCKS = 2048  # prompts longer than 256k characters match on their first 25
 
 def prompt_text(doc: dict[str, Any]) -> str:
     """The routing view of a chat or completions request's prompt; "" when there is none."""
-    return prompt_parts(doc)[0]
-
-
-def prompt_parts(doc: dict[str, Any]) -> tuple[str, int]:
-    """``prompt_text``, and the length of a chat's opening in it: through its first user message,
-    which every later turn of the conversation repeats (0 for anything else). One pass for both."""
     parts: list[str] = []
     tools = doc.get("tools")
     if tools:
         parts.append(json.dumps(tools, sort_keys=True, separators=(",", ":")))
     messages = doc.get("messages")
     if isinstance(messages, list):
-        opening = 0
         for m in messages:
             if isinstance(m, dict):
                 parts.append(f"\x1e{m.get('role', '')}\x1f")
                 parts.append(_content_text(m.get("content")))
-                if not opening and m.get("role") == "user":
-                    opening = sum(map(len, parts))
-        return "".join(parts), opening
+        return "".join(parts)
     prompt = doc.get("prompt")
     if isinstance(prompt, list) and prompt:
         prompt = prompt[0] if isinstance(prompt[0], str | list) else prompt  # a batch: its first prompt
@@ -53,7 +44,7 @@ def prompt_parts(doc: dict[str, Any]) -> tuple[str, int]:
         parts.append(prompt)
     elif isinstance(prompt, list):  # token ids
         parts.append(",".join(str(t) for t in prompt))
-    return "".join(parts), 0
+    return "".join(parts)
 
 
 def _content_text(content: object) -> str:

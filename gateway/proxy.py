@@ -112,8 +112,7 @@ class Proxy:
                 entry.prompt = prompt_excerpt(doc)
             if self.pool.knows(model):
                 model_label = model
-                hint = (hint_for(doc, header(scope, self._affinity_header), s.workers)
-                        if self.pool.affine(model) else None)
+                hint = hint_for(doc, header(scope, self._affinity_header)) if self.pool.affine(model) else None
             elif self.pool.discovering:
                 raise BadRequest(503, f"model '{model}' is not known yet: backends are still being discovered",
                                  "no_healthy_backend", "model")

@@ -13,10 +13,10 @@
   load-aware choice. The prefix is recorded for whichever replica is chosen.
 
   With several gateway workers the index is one table that they all map (prefixshare.py): what
-  any worker sent where, every worker finds. A chat whose whole opening (through its first user
-  message) the index does not hold (its first turn, or an opening the table has since replaced)
-  goes by its opening on the hash ring (``prefix_hash``), which every worker shares too, so every
-  turn of one conversation goes to one replica whichever workers take them.
+  any worker sent where, every worker finds, so the workers route as one gateway would, and every
+  turn of a conversation goes where its history is whichever workers take them. (Before the
+  table, each worker learned alone, and a chat's opening went on the ring instead: measured equal,
+  bench/README.md "Prefix-aware routing with 4 gateway workers".)
 
 Each choice returns a reason, counted in ``fleet_routing_decisions_total``.
 """
@@ -33,14 +33,13 @@ from typing import Any
 from fleetspec.policies import Policy
 from gateway.backend import Backend
 from gateway.load import load_estimate, load_score
-from gateway.prefix import BLOCK_CHARS, HashRing, Index, PrefixIndex, block_hashes, prompt_parts, prompt_text
+from gateway.prefix import HashRing, Index, PrefixIndex, block_hashes, prompt_text
 
 # Reasons, the metric's label values.
 BALANCED = "balanced"  # the policy's load (or turn) based choice
 PREFIX_MATCH = "prefix_match"
 PREFIX_MISS = "prefix_miss"  # prefix-aware, no replica holds any of the prompt: balanced
 SESSION = "session"
-PREFIX_HASH = "prefix_hash"  # several workers: the chat's opening on the hash ring
 OVERLOADED = "affinity_overloaded"  # the affinity replica was over the bound: balanced instead
 
 
@@ -50,20 +49,15 @@ class Hint:
 
     session: str | None
     blocks: list[int]
-    opening: str = ""  # several workers: the chat's opening (prefix.prompt_parts), its ring key
-    opening_blocks: int = 0  # how many of ``blocks`` the opening fills
 
 
-def hint_for(doc: dict[str, Any], session: str | None, workers: int = 1) -> Hint:
+def hint_for(doc: dict[str, Any], session: str | None) -> Hint:
     if session is None:
         user = doc.get("user")
         session = user if isinstance(user, str) and user else None
     if session:
         return Hint(session, [])
-    if workers == 1:
-        return Hint(None, block_hashes(prompt_text(doc)))
-    text, n = prompt_parts(doc)
-    return Hint(None, block_hashes(text), text[:n], n // BLOCK_CHARS)
+    return Hint(None, block_hashes(prompt_text(doc)))
 
 
 class Router:
@@ -135,9 +129,7 @@ class Router:
             assert self.index is not None
             depth, holders = self.index.deepest(hint.blocks, usable)
             fitting = [b for b in holders if fits(b)]
-            if hint.opening and depth < hint.opening_blocks:
-                chosen, reason = on_ring(hint.opening, PREFIX_HASH)  # this worker has not seen the chat
-            elif fitting:
+            if fitting:
                 chosen = self._least(fitting, score)
                 reason = PREFIX_MATCH
             elif hint.blocks:

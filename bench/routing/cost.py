@@ -1,7 +1,7 @@
 """Gateway CPU per routing decision, by policy, on the routing benchmark's first-turn prompts
 (no sockets: the hint, the choice and, for prefix_aware, the index update). Then prefix_aware as a
-worker of 4 sees it: the hint of several workers, in-flight counts from the shared table, and
-either an index of its own or the workers' shared one (gateway/prefixshare.py). The rows alternate
+worker of 4 sees it: in-flight counts from the shared table, and either an index of its own or
+the workers' shared one (gateway/prefixshare.py). The rows alternate
 over ``--passes``; each prints every pass and the median.
 
     .venv/bin/python bench/routing/cost.py [--passes 5]
@@ -37,13 +37,13 @@ from gateway.workers import shared_rows  # noqa: E402
 BLOCKS = 200_000
 
 
-def per_request_us(pool: BackendPool, docs: list[dict[str, Any]], workers: int) -> float:
+def per_request_us(pool: BackendPool, docs: list[dict[str, Any]]) -> float:
     affine = pool.affine("m")
     rounds = 20
     t = time.process_time()
     for _ in range(rounds):
         for d in docs:
-            pool.pick("m", (), hint_for(d, None, workers) if affine else None)
+            pool.pick("m", (), hint_for(d, None) if affine else None)
     return (time.process_time() - t) / (rounds * len(docs)) * 1e6
 
 
@@ -68,8 +68,7 @@ def main() -> int:
             index = table.index("m") if table is not None else None
             p = BackendPool(BackendSet(backends), None, lambda _: Router(policy, 1.25, BLOCKS, 3.0, index),
                             shared=shared)
-            workers = 1 if shared is None else 4
-            return lambda: per_request_us(p, docs, workers)
+            return lambda: per_request_us(p, docs)
 
         rows = {policy.value: pool(policy) for policy in Policy}
         rows["prefix_aware, worker of 4, own index"] = pool(Policy.PREFIX_AWARE, shared=shared)

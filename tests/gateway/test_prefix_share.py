@@ -98,11 +98,11 @@ def test_two_workers_pools_route_a_known_prefix_to_one_replica(tables: tuple[Pre
 
     (pa, ra), (pb, rb) = pool(ta), pool(tb)
     doc = {"model": "m", "prompt": "a system prompt that many requests share " * 20}
-    first = pa.pick("m", hint=hint_for(doc, None, workers=2))
+    first = pa.pick("m", hint=hint_for(doc, None))
     assert first is not None and decisions[-1][2] == PREFIX_MISS
     first.in_flight += 1  # still open: a balanced choice would now take the other replica
     ta.shared.set(ta.shared.column(first.name) or 0, 1)
-    again = pb.pick("m", hint=hint_for({**doc, "prompt": doc["prompt"] + "and a question"}, None, workers=2))
+    again = pb.pick("m", hint=hint_for({**doc, "prompt": doc["prompt"] + "and a question"}, None))
     assert again is not None and again.name == first.name and decisions[-1][2] == PREFIX_MATCH
     # The replica goes to sleep in worker b's view: its cache is gone for worker a too.
     rb[ra.index(first)].move(Writer.SUPERVISOR, BackendState.ASLEEP)
@@ -112,3 +112,40 @@ def test_two_workers_pools_route_a_known_prefix_to_one_replica(tables: tuple[Pre
 
 def test_slots_are_a_power_of_two_at_least_the_blocks() -> None:
     assert [prefixshare.slots_for(n) for n in (1, 2, 3, 1000, 1024, 200_000)] == [2, 2, 4, 1024, 1024, 262_144]
+
+
+def test_every_turn_of_a_chat_goes_to_one_replica_whichever_worker_takes_it(tmp_path: Path) -> None:
+    """Four workers' pools over one table, each turn of each conversation on another worker:
+    every turn goes where the conversation's history was sent, and the conversations spread."""
+    counts = create(str(tmp_path), 4)
+    path = prefixshare.create(str(tmp_path), SLOTS * 64)
+    workers = []
+    for _ in range(4):
+        shared = SharedCounts(counts, 4)
+        table = PrefixTable(path, SLOTS * 64, shared)
+        reps = replicas()[:3]
+        decisions: list[tuple[str, ...]] = []
+        pool = BackendPool(BackendSet(reps), None, lambda m, t=table: Router(Policy.PREFIX_AWARE, 1.25, 1000, 3.0,
+                                                                              t.index(m)),
+                           lambda *d, log=decisions: log.append(d), shared=shared)
+        workers.append((pool, decisions, table))
+    try:
+        homes = set()
+        for c in range(24):
+            messages = [{"role": "user", "content": f"conversation {c}: here is my document " * 8}]
+            chosen = []
+            for turn in range(6):
+                pool, decisions, _ = workers[(c + turn) % 4]
+                b = pool.pick("m", hint=hint_for({"model": "m", "messages": messages}, None))
+                assert b is not None
+                chosen.append(b.name)
+                assert decisions[-1][2] == (PREFIX_MISS if turn == 0 else PREFIX_MATCH)
+                messages += [{"role": "assistant", "content": f"answer {turn}"},
+                             {"role": "user", "content": f"follow-up {turn}"}]
+            assert len(set(chosen)) == 1, (c, chosen)
+            homes.add(chosen[0])
+        assert homes == {"r1", "r2", "r3"}
+    finally:
+        for _, _, t in workers:
+            t.close()
+            t.shared.close()

@@ -14,8 +14,8 @@ from fleetspec.tiers import VramTier
 from gateway.backend import Backend, BackendSet
 from gateway.load import UpstreamLoad, load_estimate, load_score, parse_load
 from gateway.pool import BackendPool
-from gateway.prefix import BLOCK_CHARS, HashRing, PrefixIndex, block_hashes, prompt_parts, prompt_text
-from gateway.routing import OVERLOADED, PREFIX_HASH, PREFIX_MATCH, PREFIX_MISS, SESSION, Router, hint_for
+from gateway.prefix import BLOCK_CHARS, HashRing, PrefixIndex, block_hashes, prompt_text
+from gateway.routing import OVERLOADED, PREFIX_MATCH, PREFIX_MISS, SESSION, Router, hint_for
 from gateway.state import BackendState as S
 
 # Shaped like vLLM 0.32's exposition: HELP/TYPE lines, label sets, a histogram, _created series.
@@ -106,17 +106,6 @@ def test_prompt_text_covers_the_whole_message_list() -> None:
     assert prompt_text({"model": "m"}) == ""
 
 
-def test_a_chats_opening_runs_through_its_first_user_message() -> None:
-    chat = {"model": "m", "tools": [{"type": "function"}], "messages": [
-        {"role": "system", "content": "be brief"}, {"role": "user", "content": "hello"},
-        {"role": "assistant", "content": "hi"}, {"role": "user", "content": "more"}]}
-    text, n = prompt_parts(chat)
-    assert text == prompt_text(chat) and text[:n].endswith("\x1euser\x1fhello") and "hi" not in text[:n]
-    assert text[:n] == prompt_parts({**chat, "messages": chat["messages"][:2]})[0]  # what every turn repeats
-    assert prompt_parts({"model": "m", "messages": [{"role": "system", "content": "x"}]})[1] == 0
-    assert prompt_parts({"model": "m", "prompt": "hello"}) == ("hello", 0)
-
-
 def test_block_hashes_chain_so_a_shared_prefix_shares_hashes() -> None:
     x = "a" * BLOCK_CHARS * 3 + "tail"
     y = "a" * BLOCK_CHARS * 2 + "b" * BLOCK_CHARS
@@ -185,31 +174,6 @@ def test_session_key_is_sticky_bounded_and_consistent() -> None:
     gone.state = S.HEALTHY
     gone.in_flight = 10
     assert pool.pick("m", hint=hint_for(doc, "s0")) is not gone and decisions[-1][2] == OVERLOADED
-
-
-def test_with_several_workers_every_turn_of_a_chat_goes_to_one_replica_whichever_worker_takes_it() -> None:
-    # Four workers: each its own Backend objects, router and prefix index, as in separate processes.
-    workers = [_pool(Policy.PREFIX_AWARE, *(_b(n) for n in "abc")) for _ in range(4)]
-    homes = set()
-    for c in range(24):
-        turns: list[str] = [f"conversation {c}: here is my document " * 8]
-        chosen = []
-        for turn in range(6):
-            pool, decisions = workers[(c + turn) % 4]  # each turn lands on another worker
-            b = pool.pick("m", hint=hint_for(_chat(*turns), None, workers=4))
-            assert b is not None
-            chosen.append(b.name)
-            assert decisions[-1][2] in (PREFIX_HASH, PREFIX_MATCH)
-            turns += [f"answer {turn}", f"follow-up {turn}"]
-        assert len(set(chosen)) == 1, (c, chosen)
-        homes.add(chosen[0])
-    assert homes == {"a", "b", "c"}  # and the ring spreads the conversations
-    # One worker alone (the default) keeps its learned index: no ring for a chat it has seen.
-    pool, decisions = _pool(Policy.PREFIX_AWARE, _b("a"), _b("b"))
-    doc = _chat("tell me about the sea " * 10)
-    first = pool.pick("m", hint=hint_for(doc, None))
-    assert first is not None and decisions[-1][2] == PREFIX_MISS
-    assert pool.pick("m", hint=hint_for(doc, None)) is first and decisions[-1][2] == PREFIX_MATCH
 
 
 def test_ring_order_is_stable_across_processes() -> None:

@@ -168,10 +168,10 @@ async def test_workers_balance_the_gateways_requests_not_each_their_own(tmp_path
     try:
         (la, a), (lb, b) = routing_worker(sa, policy), routing_worker(sb, policy)
         deadline = asyncio.get_running_loop().time() + 10
-        hint = hint_for({"prompt": "a prompt no replica has seen"}, None, workers=2)
+        hint = hint_for({"prompt": "a prompt no replica has seen"}, None)
         first = await la.acquire("m", (), deadline, hint)
         assert first is not None
-        second = await lb.acquire("m", (), deadline, hint_for({"prompt": "another prompt"}, None, workers=2))
+        second = await lb.acquire("m", (), deadline, hint_for({"prompt": "another prompt"}, None))
         assert second is not None and second.name != first.name
         assert {n: la.pool.count(r) for n, r in a.items()} == {"r1": 1, "r2": 1}
         la.release(first)
