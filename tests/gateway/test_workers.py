@@ -347,6 +347,10 @@ def test_four_workers_share_what_prefix_aware_routing_learns(tmp_path: Path) -> 
                                   timeout=10).status_code == 200
             assert (home.stats()["requests_total"], other.stats()["requests_total"]) == (13, 0)
             assert held.result() == 200
+        # /fleet from any worker counts the table's cells: the blocks of every prompt sent, at least.
+        fleets = [httpx.get(gw.url + "/fleet", headers=HEADERS, timeout=5).json() for _ in range(8)]
+        blocks = {f["routing"]["m1"]["prefix_index_blocks"] for f in fleets}
+        assert len(blocks) == 1 and blocks.pop() >= len(prefix) // 128
     finally:
         gw.stop()
         one.stop()
