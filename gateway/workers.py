@@ -10,7 +10,7 @@ vLLM's ``max_num_seqs``), ``max_in_flight`` and ``backend_queue`` bound the whol
 worker turns a request away while the gateway has room, and so that every policy routes by the
 gateway's in-flight counts; passive ejection (ejection.py) and the probes' verdicts (health.py).
 And in a second file, prefix-aware routing's index (prefixshare.py), whose keys are Python's str
-hashes: the workers get one PYTHONHASHSEED, a random one per start unless one is set. What each
+hashes: the workers get one PYTHONHASHSEED, a random one unless a number is set. What each
 keeps to itself (docs/gateway.md, "Several workers"): its health probes (each worker probes every
 backend; the verdicts are shared), its turn counters, and its waiters (a worker hands slots to its
 own, oldest first). Metrics are shared through prometheus_client's multiprocess files. All live in
@@ -52,9 +52,11 @@ def worker_environment(config_path: str, workers: int, prefix_blocks: int) -> It
     path = tempfile.mkdtemp(prefix="fleet-gateway-metrics-")
     counts = create(path, shared_rows(workers))  # not a *.db file: prometheus_client ignores it
     prefixes = prefixshare.create(path, prefixshare.slots_for(prefix_blocks))
+    seed = os.environ.get("PYTHONHASHSEED", "")
+    if not seed.isdigit():  # unset, or "random": each worker would hash prompts its own way
+        seed = str(random.randint(1, 2**32 - 1))
     wanted = {CONFIG_ENV: os.path.abspath(config_path), "FLEET_WORKERS": str(workers), METRICS_DIR_ENV: path,
-              SHARED_ENV: counts, PREFIXES_ENV: prefixes,
-              "PYTHONHASHSEED": os.environ.get("PYTHONHASHSEED") or str(random.randint(1, 2**32 - 1))}
+              SHARED_ENV: counts, PREFIXES_ENV: prefixes, "PYTHONHASHSEED": seed}
     before = {k: os.environ.get(k) for k in wanted}
     os.environ.update(wanted)
     try:

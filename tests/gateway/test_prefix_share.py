@@ -19,6 +19,7 @@ from gateway.prefixshare import HOLDERS, PrefixTable
 from gateway.routing import PREFIX_MATCH, PREFIX_MISS, Router, hint_for
 from gateway.shared import SharedCounts, create
 from gateway.state import BackendState, Writer
+from gateway.workers import PREFIXES_ENV, worker_environment
 
 SLOTS = 1024
 
@@ -149,3 +150,21 @@ def test_every_turn_of_a_chat_goes_to_one_replica_whichever_worker_takes_it(tmp_
         for _, _, t in workers:
             t.close()
             t.shared.close()
+
+
+@pytest.mark.parametrize("given", [None, "random", "1234"])
+def test_workers_get_one_hash_seed_and_the_table(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                 given: str | None) -> None:
+    """Prompt blocks are keyed by Python's str hash, so every worker must hash alike: a fixed seed
+    is kept, anything else (unset, "random") becomes one random seed for all of them."""
+    if given is None:
+        monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+    else:
+        monkeypatch.setenv("PYTHONHASHSEED", given)
+    config = tmp_path / "gateway.json"
+    with worker_environment(str(config), 4, 200_000) as directory:
+        seed = os.environ["PYTHONHASHSEED"]
+        assert seed.isdigit() and (given != "1234" or seed == "1234")
+        table = Path(os.environ[PREFIXES_ENV])
+        assert table.parent == Path(directory) and table.stat().st_size == 16 * 262_144
+    assert not Path(directory).exists() and os.environ.get("PYTHONHASHSEED") == given
