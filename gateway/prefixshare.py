@@ -63,7 +63,7 @@ def create(directory: str, slots: int) -> str:
 
 
 class PrefixTable:
-    """This worker's map of the file, and its own count of forgotten caches per backend."""
+    """This worker's map of the file; the generations live in the shared counts."""
 
     def __init__(self, path: str, slots: int, shared: SharedCounts) -> None:
         self.slots = slots
