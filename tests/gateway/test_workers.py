@@ -226,6 +226,13 @@ def rotation_by_pid(directory: str, backend: str) -> dict[int, float]:
     return out
 
 
+def all_in_every_rotation(gw: Gateway, directory: str, *fakes: FakeVllm) -> bool:
+    """4 live workers, each with every one of ``fakes`` in its rotation (its own gauge files)."""
+    pids = workers_of(gw.pid)
+    return len(pids) == 4 and all(
+        rotation_by_pid(directory, f"fake-{f.port}").get(p) == 1 for p in pids for f in fakes)
+
+
 def test_four_workers_eject_a_failing_backend_together(tmp_path: Path) -> None:
     """A replica answering 503 leaves every worker's rotation after 3 failed requests in the whole
     gateway (FLEET_EJECT_FAILURES), however the kernel spread them over the workers; with each
@@ -238,9 +245,7 @@ def test_four_workers_eject_a_failing_backend_together(tmp_path: Path) -> None:
         directory = metrics_dir_of(pids[0])
         name = f"fake-{sick.port}"
         # Both replicas in every worker's rotation (a worker without the good one would pass the 503 on).
-        assert wait_until(lambda: len(workers_of(gw.pid)) == 4 and all(
-            rotation_by_pid(directory, n).get(p) == 1 for p in workers_of(gw.pid) for n in (name, f"fake-{good.port}")),
-            20)
+        assert wait_until(lambda: all_in_every_rotation(gw, directory, sick, good), 20)
         sick.configure(status=503)
         sent = 0
         while sick.stats()["requests_total"] < 3 and sent < 200:
@@ -300,9 +305,7 @@ def test_four_workers_balance_the_gateways_requests_over_the_replicas(tmp_path: 
     gw = Gateway(tmp_path, instances(one, two), args=["--workers", "4"])
     try:
         directory = metrics_dir_of(workers_of(gw.pid)[0])
-        assert wait_until(lambda: len(workers_of(gw.pid)) == 4 and all(
-            rotation_by_pid(directory, f"fake-{f.port}").get(p) == 1 for p in workers_of(gw.pid) for f in (one, two)),
-            20)
+        assert wait_until(lambda: all_in_every_rotation(gw, directory, one, two), 20)
         slow = BODY.replace(b'"max_tokens": 4', b'"max_tokens": 4, "fake_latency": 10')
         with ThreadPoolExecutor(8) as ex:
             running = []
@@ -328,9 +331,7 @@ def test_four_workers_share_what_prefix_aware_routing_learns(tmp_path: Path) -> 
     gw = Gateway(tmp_path, instances(one, two), args=["--workers", "4"], env={"FLEET_ROUTING_POLICY": "prefix_aware"})
     try:
         directory = metrics_dir_of(workers_of(gw.pid)[0])
-        assert wait_until(lambda: len(workers_of(gw.pid)) == 4 and all(
-            rotation_by_pid(directory, f"fake-{f.port}").get(p) == 1 for p in workers_of(gw.pid) for f in (one, two)),
-            20)
+        assert wait_until(lambda: all_in_every_rotation(gw, directory, one, two), 20)
         prefix = "You answer questions about the sea, briefly and kindly. " * 12
 
         def body(question: str, latency: float = 0) -> bytes:
