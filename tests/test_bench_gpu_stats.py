@@ -39,20 +39,41 @@ def test_merge_reports_what_the_pass_held() -> None:
     assert res["client_end_s"] == [2.0, 4.0]
 
 
+def _row(target: str, p: int, tps: float) -> dict[str, Any]:
+    """A serve_pairs.py row at 512 concurrent, one client process, pass ``p``."""
+    return {"tag": f"c512-k1-p{p}-{target}", "target": target, "conc": 512, "clients": 1,
+            "output_throughput": tps, "median_ttft_ms": 100.0, "p99_ttft_ms": 200.0,
+            "request_throughput": 1.0, "mean_ttft_ms": 100.0, "mean_itl_ms": 10.0,
+            "total_output_tokens": 128, "completed": 1}
+
+
 def test_pool_pairs_passes_within_a_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     stats = _load("pair_stats")
-
-    def row(target: str, p: int, tps: float) -> dict[str, Any]:
-        return {"tag": f"c512-k1-p{p}-{target}", "target": target, "conc": 512, "clients": 1,
-                "output_throughput": tps, "median_ttft_ms": 100.0, "p99_ttft_ms": 200.0,
-                "request_throughput": 1.0, "mean_ttft_ms": 100.0, "mean_itl_ms": 10.0,
-                "total_output_tokens": 128, "completed": 1}
 
     # File a: one pair, the gateway at 1.1x. File b: a direct pass 0 whose gateway pass is missing.
     # Paired by pass number alone, a's gateway would meet b's direct: 0.11x.
     a, b = tmp_path / "a.json", tmp_path / "b.json"
-    a.write_text(json.dumps([row("direct", 0, 100.0), row("gateway", 0, 110.0)]))
-    b.write_text(json.dumps([row("direct", 0, 1000.0)]))
+    a.write_text(json.dumps([_row("direct", 0, 100.0), _row("gateway", 0, 110.0)]))
+    b.write_text(json.dumps([_row("direct", 0, 1000.0)]))
     stats.main(["--pool", str(a), str(b)])
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("| gateway | tokens/s"))
-    assert line.split("|")[5].strip() == "1.10"  # the median of the pairs' ratios
+    assert line.split("|")[6].strip() == "1.10 (1)"  # the median of the pairs' ratios, one pair
+
+
+def test_pairs_interval_leaves_out_how_fast_each_machine_was(tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    stats = _load("pair_stats")
+
+    # Two machines, one 10x faster; on each the gateway is 1.1x direct in every pair.
+    files = []
+    for name, speed in (("slow", 100.0), ("fast", 1000.0)):
+        f = tmp_path / f"{name}.json"
+        f.write_text(json.dumps([_row(t, p, speed * (1.1 if t == "gateway" else 1.0) * (1 + p / 100))
+                                 for p in range(3) for t in ("direct", "gateway")]))
+        files.append(str(f))
+    stats.main(["--pool", *files])
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("| gateway | tokens/s"))
+    cells = [c.strip() for c in line.split("|")]
+    lo, hi = (float(v) for v in cells[5].split("–"))
+    assert hi / lo > 5  # the ratio of medians mixes the machines
+    assert cells[6] == "1.10 (6)" and cells[7] == "1.10–1.10"

@@ -6,9 +6,10 @@
 Per file (or over all files with ``--pool``), concurrency and client processes, for tokens/s, TTFT
 p50/p99 and the requests held in flight: each target's median (min–max, n); the ratio of the
 medians to direct's; the median of the ratios within each interleaved pair (pass i of the target ÷
-pass i of direct of the same file, run back to back); and a 90 % bootstrap interval of the ratio
-of medians (passes resampled with replacement, 2,000 draws, fixed seed). An interval that holds
-both 0.95 and 1.05 says the run cannot tell a 5 % difference.
+pass i of direct of the same file, run back to back); a 90 % bootstrap interval of the ratio of
+medians (passes resampled with replacement, 2,000 draws, fixed seed); and one of the median of the
+pairs' ratios (pairs resampled), the one to read when ``--pool`` mixes machines of different speed.
+An interval that holds both 0.95 and 1.05 says the run cannot tell a 5 % difference.
 
 Then, for passes with per-request timestamps (``--probe`` with a traced gateway or ``--trace-vllm``):
 the client's send → the server's read (``to_server`` for vLLM direct, ``to_gateway`` for the
@@ -44,6 +45,14 @@ def _boot(a: list[float], b: list[float], rng: random.Random, draws: int = 2000)
     return ratios[int(0.05 * draws)], ratios[int(0.95 * draws) - 1]
 
 
+def _boot_pairs(pairs: list[float], rng: random.Random, draws: int = 2000) -> tuple[float, float]:
+    """The 90 % interval of the median of the pairs' ratios, pairs resampled: with passes pooled
+    from several machines it leaves out how fast each machine was, which the interval of the
+    ratio of medians counts as spread."""
+    meds = sorted(statistics.median(rng.choices(pairs, k=len(pairs))) for _ in range(draws))
+    return meds[int(0.05 * draws)], meds[int(0.95 * draws) - 1]
+
+
 def _by_pass(group: list[dict[str, Any]], target: str, key: str) -> dict[tuple[int, int], float]:
     """``target``'s ``key`` by (file, pass number) (tags "c256-k1-p3-gateway"): a pair is two
     passes of one file, run back to back on one machine."""
@@ -68,8 +77,9 @@ def ratios(path: str, rows: list[dict[str, Any]]) -> None:
         group = [r for r in rows if r["conc"] == conc and r.get("clients", 1) == k and _shape(r) == shape]
         targets = sorted({r["target"] for r in group}, key=lambda t: (t != "direct", t))
         print(f"\n{path}: {conc} concurrent, {k} client process(es){shape}\n")
-        print("| target | what | median (min–max), n | ÷ direct, medians | ÷ direct, median of pairs | 90 % interval |")
-        print("|---|---|---|---|---|---|")
+        print("| target | what | median (min–max), n | ÷ direct, medians | 90 % interval | ÷ direct, median of pairs "
+              "(n) | 90 % interval, pairs |")
+        print("|---|---|---|---|---|---|---|")
         for t in targets:
             for key, label in KEYS:
                 by_pass, base = _by_pass(group, t, key), _by_pass(group, "direct", key)
@@ -78,12 +88,13 @@ def ratios(path: str, rows: list[dict[str, Any]]) -> None:
                     continue
                 cell = f"{statistics.median(vals):,.0f} ({min(vals):,.0f}–{max(vals):,.0f}), {len(vals)}"
                 if t == "direct" or not base:
-                    print(f"| {t} | {label} | {cell} | | | |")
+                    print(f"| {t} | {label} | {cell} | | | | |")
                     continue
                 pairs = [by_pass[p] / base[p] for p in by_pass if p in base]
                 lo, hi = _boot(vals, list(base.values()), rng)
+                plo, phi = _boot_pairs(pairs, rng)
                 print(f"| {t} | {label} | {cell} | {statistics.median(vals) / statistics.median(base.values()):.2f} "
-                      f"| {statistics.median(pairs):.2f} | {lo:.2f}–{hi:.2f} |")
+                      f"| {lo:.2f}–{hi:.2f} | {statistics.median(pairs):.2f} ({len(pairs)}) | {plo:.2f}–{phi:.2f} |")
 
 
 def _pq(p: dict[str, Any], k: str) -> str:
