@@ -107,14 +107,16 @@ class Backend:
         self.ejections += 1
         self.move(Writer.REQUESTS, S.EJECTED)
 
-    def describe(self, in_flight: int | None = None) -> dict[str, Any]:
-        """For /fleet and the console; ``in_flight``: the whole gateway's count when it has workers."""
+    def describe(self, in_flight: int | None = None, request_failures: int | None = None) -> dict[str, Any]:
+        """For /fleet and the console; ``in_flight``, ``request_failures``: the whole gateway's
+        counts when it has workers."""
         return {
             "name": self.name, "url": self.url, "models": self.models, "healthy": self.healthy,
             "state": self.state.value, "in_flight": self.in_flight if in_flight is None else in_flight,
             "vram_tier": self.vram_tier.value,
             "consecutive_failures": self.fail_streak, "last_error": self.last_error,
-            "since": self.last_change, "request_failures": self.request_failures,
+            "since": self.last_change,
+            "request_failures": self.request_failures if request_failures is None else request_failures,
             "ejected_until": self.ejected_until if self.state is S.EJECTED else None,
             "supervisor_state": self.supervisor_state, "last_request": self.last_request or None,
             "load": None if self.load is None else {

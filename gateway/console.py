@@ -127,7 +127,7 @@ class Console:
             gpus = got_g.get("gpus") if isinstance(got_g, dict) else None
         return {
             "time": time.time(), "vram_tier": pool.node_tier().value, "ready": pool.ready(),
-            "backends": [b.describe(self.count(b)) for b in backends], "models": models,
+            "backends": [pool.describe(b) for b in backends], "models": models,
             "series": self.activity.series(), "infernet": render_infernet(specs, pool.node_tier()),
             "supervisor": None if link is None else {"connected": link.connected, "instances": instances,
                                                      "gpus": gpus},

@@ -15,7 +15,7 @@ from fleetspec.policies import Policy
 from fleetspec.tiers import VramTier, largest_tier
 from gateway.backend import Backend, BackendSet
 from gateway.routing import Hint, Router
-from gateway.shared import SharedCounts, in_flight_counter
+from gateway.shared import FAILURES, SharedCounts, gateway_total, in_flight_counter
 from gateway.state import BackendState
 
 # Told of every routing decision: model, policy, reason (the metric's labels).
@@ -102,6 +102,11 @@ class BackendPool:
         """The replica in rotation with the fewest in-flight requests among those with room."""
         free = [b for b in self.backends.replicas(model) if b.healthy and b not in exclude and has_room(b)]
         return min(free, key=self.count) if free else None
+
+    def describe(self, b: Backend) -> dict[str, Any]:
+        """``b`` for /fleet and the console, its counts the whole gateway's: requests in flight and
+        failed requests in a row (what passive ejection compares with ``eject_failures``)."""
+        return b.describe(self.count(b), gateway_total(self.shared, b, b.request_failures, FAILURES))
 
     def node_tier(self) -> VramTier:
         return self._tier_override or largest_tier(b.vram_tier for b in self.backends)

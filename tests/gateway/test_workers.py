@@ -258,6 +258,11 @@ def test_four_workers_eject_a_failing_backend_together(tmp_path: Path) -> None:
             rotation_by_pid(directory, name)
         send(gw, 40)
         assert sick.stats()["requests_total"] == 3  # out of every worker's rotation
+        # /fleet, from whichever workers the kernel hands these new connections, counts the
+        # gateway's failures in a row, not the answering worker's share of them.
+        seen = {next(b["request_failures"] for b in httpx.get(gw.url + "/fleet", timeout=10).json()["backends"]
+                     if b["name"] == name) for _ in range(20)}
+        assert seen == {3}, seen
     finally:
         gw.stop()
         good.stop()
