@@ -10,13 +10,19 @@ longer than ``queue_timeout_s`` answers 429 too, and the global ``max_in_flight`
 included) answers 429 before any of that. A client that disconnects while queued is cancelled by
 the proxy's watcher, which takes it out of the queue here.
 
-Per request without queueing this costs one pick, two integer updates and a check of ``waiting``.
+Per request without queueing this costs one pick, two integer updates and a check of ``waiting``;
+with several workers also a sum over the workers of the model's queued count.
 
 With several workers the counts that the limits and the queue's capacity compare are the whole
 gateway's (shared.py): a worker writes its own counts to the shared table and compares each limit
 with the sum over the workers. Each worker hands slots to its own waiters, oldest first; a slot
 freed in another worker is not announced, so while this worker has waiters it looks again every
-``SHARED_POLL_S``.
+``SHARED_POLL_S``. The queue stays first come, first served across workers: each worker publishes
+when its oldest waiter for each model queued, and a worker whose own oldest came later leaves a
+free slot to the worker with the older one, whose next look takes it. A retry waiting for a
+replica other than those it tried is not published (it may not be able to use the free one), and
+a worker that leaves a slot takes it after all if the slot stays free for ``FIFO_GRACE_NS``: the
+other worker may be stalled, or see that backend out of rotation for the moment.
 """
 
 from __future__ import annotations
@@ -32,13 +38,14 @@ from gateway.metrics import GatewayMetrics
 from gateway.pool import BackendPool
 from gateway.routing import Hint
 from gateway.settings import GatewaySettings
-from gateway.shared import GATEWAY, QUEUED, column_of, publish
+from gateway.shared import GATEWAY, OLDEST, QUEUED, column_of, publish
 from gateway.state import BackendState
 
 QUEUE_FULL = "queue_full"
 QUEUE_TIMEOUT = "queue_timeout"
 MAX_IN_FLIGHT = "max_in_flight"
 SHARED_POLL_S = 0.005
+FIFO_GRACE_NS = 50_000_000  # ten looks of the worker with the older waiter
 
 
 class Rejected(Exception):
@@ -50,10 +57,11 @@ class Rejected(Exception):
 
 
 class _Waiter:
-    __slots__ = ("exclude", "fut", "queued", "seq")
+    __slots__ = ("exclude", "fut", "queued", "seq", "since_ns")
 
     def __init__(self, seq: int, fut: asyncio.Future[Backend], exclude: tuple[Backend, ...]) -> None:
         self.seq = seq
+        self.since_ns = time.monotonic_ns()  # one clock for every process on the host: workers compare it
         self.fut = fut
         self.exclude = exclude
         self.queued = True
@@ -78,6 +86,8 @@ class Limiter:
         self.waiting = 0
         self._queues: dict[str, deque[_Waiter]] = {}
         self._seq = itertools.count()
+        # Backend name -> when this worker first left its free slot to an older waiter in another worker.
+        self._deferred: dict[str, int] = {}
         pool.backends.subscribe(self._changed)
 
     def gateway_limit(self, b: Backend) -> int:
@@ -129,6 +139,8 @@ class Limiter:
             if self.on_queue is not None and self.pool.backends.servable(model):
                 return await self._wait(model, exclude, deadline, waking=True)  # asleep: wait for the wake
             return None
+        if self.shared is not None and self._queue_ahead(model):
+            return await self._wait(model, exclude, deadline)
         if not self.has_room(b):
             # A policy other than least-in-flight may choose a full replica while another has room.
             b = self.pool.least_busy(model, exclude, self.has_room)
@@ -206,17 +218,48 @@ class Limiter:
             self._poller = None
 
     def _handoff(self, b: Backend) -> None:
-        while b.healthy and self.has_room(b):
+        while True:
+            if not (b.healthy and self.has_room(b)):
+                self._deferred.pop(b.name, None)  # no free slot left to wait over
+                return
             found = self._oldest_for(b)
             if found is None:
                 return
             model, q, w = found
+            if self._older_elsewhere(b, model, w):
+                return
             w.queued = False
             q.remove(w)
             self.waiting -= 1
             self._depth(model, q)
             self._take(b)
             w.fut.set_result(b)
+
+    def _queue_ahead(self, model: str) -> bool:
+        """Requests for ``model`` wait in the gateway's queue (retries that may not use every replica
+        aside): a new one joins it. A slot freed in one worker waits up to ``SHARED_POLL_S`` for the worker with the
+        oldest waiter to look, and a new request must not take it in between."""
+        col = None if self.shared is None else self.shared.column(model)
+        if col is None or self.shared is None or not self.shared.total(col, QUEUED):
+            return False
+        return any(not w.exclude for w in self._queues.get(model, ())) \
+            or self.shared.smallest_of_others(col, OLDEST) != 0
+
+    def _older_elsewhere(self, b: Backend, model: str, w: _Waiter) -> bool:
+        """Another worker's waiter for ``model`` queued before ``w``: leave ``b``'s free slot to it,
+        for ``FIFO_GRACE_NS`` at most."""
+        col = None if self.shared is None else self.shared.column(model)
+        if col is None or self.shared is None:
+            return False
+        other = self.shared.smallest_of_others(col, OLDEST)
+        if not other or other >= w.since_ns:
+            self._deferred.pop(b.name, None)
+            return False
+        now = time.monotonic_ns()
+        if now - self._deferred.setdefault(b.name, now) < FIFO_GRACE_NS:
+            return True
+        self._deferred.pop(b.name, None)
+        return False
 
     def _oldest_for(self, b: Backend) -> tuple[str, deque[_Waiter], _Waiter] | None:
         best: tuple[str, deque[_Waiter], _Waiter] | None = None
@@ -239,6 +282,8 @@ class Limiter:
     def _depth(self, model: str, q: deque[_Waiter]) -> None:
         if self.shared is not None and (col := self.shared.column(model)) is not None:
             self.shared.set(col, len(q), QUEUED)
+            oldest = next((w.since_ns for w in q if not w.exclude), 0)
+            self.shared.set(col, oldest, OLDEST)
         self.metrics.queue_depth.labels(model).set(len(q))
         if self.on_queue is not None:
             self.on_queue(model, len(q))

@@ -12,7 +12,7 @@ were free (CI, 16 requests against a limit of 8 and a queue of 16 over 4 workers
 
 One file in the workers' private directory, mapped by every worker: planes of int64 cells (one per
 kind of count: ``IN_FLIGHT``, ``FAILURES``, ``EJECTED_UNTIL``, ``QUEUED``, ``PROBED``,
-``FORGOTTEN``), each a row per worker and a column per name (a backend's; for ``QUEUED`` a model's;
+``FORGOTTEN``, ``OLDEST``), each a row per worker and a column per name (a backend's; for ``QUEUED`` a model's;
 column 0 of ``IN_FLIGHT``: the worker's requests in flight, for ``max_in_flight``). A worker writes
 only its own row, so the hot path takes no lock; a reader sums (or takes the largest of) a column
 over the rows. Two workers that look at the same moment may both take a backend's last slot (or a
@@ -45,7 +45,8 @@ EJECTED_UNTIL = 2  # the end of the backend's ejection, wall-clock milliseconds;
 QUEUED = 3  # requests waiting in a model's queue (the column of the model's name; limiter.py)
 PROBED = 4  # the last move this worker's own probes made: wall-clock µs × 4 + the new state (health.py)
 FORGOTTEN = 5  # the generation of the backend's cache, as this worker last set it (prefixshare.py)
-PLANES = 6
+OLDEST = 6  # when this worker's oldest waiter for a model queued, monotonic ns; 0 none (limiter.py)
+PLANES = 7
 SYNC_S = 0.1  # how often a worker looks for what the others published (ejections, probe verdicts)
 
 
@@ -221,6 +222,12 @@ class SharedCounts:
     def largest(self, col: int, plane: int) -> int:
         """The largest of the workers' values in column ``col``."""
         return max(self._column_cells(col, plane))
+
+    def smallest_of_others(self, col: int, plane: int) -> int:
+        """The smallest value other than 0 that another live worker holds in column ``col``; 0 if
+        none (a dead worker's row keeps its values until uvicorn's replacement takes it over)."""
+        cells = self._column_cells(col, plane)
+        return min((v for r, v in enumerate(cells) if v and r != self.row and _alive(self._pids[r])), default=0)
 
     def close(self) -> None:
         """Give the row back (a clean shutdown; a crash leaves it to the next worker's claim)."""

@@ -20,7 +20,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.pool import BackendPool
 from gateway.routing import Router, hint_for
 from gateway.settings import GatewaySettings
-from gateway.shared import FAILURES, GATEWAY, QUEUED, SharedCounts, column_of, create
+from gateway.shared import FAILURES, GATEWAY, OLDEST, QUEUED, SharedCounts, column_of, create
 from gateway.state import BackendState
 
 
@@ -144,6 +144,56 @@ async def test_the_queue_is_the_gateways_whichever_worker_holds_the_waiters(tmp_
         with pytest.raises(asyncio.CancelledError):
             await waiters[2]
         assert sb.total(sb.column("m") or 0, QUEUED) == 0 and lb.waiting == 0
+    finally:
+        sb.close()
+        sa.close()
+
+
+async def test_a_slot_freed_in_one_worker_goes_to_the_oldest_waiter_in_any_worker(tmp_path: Path) -> None:
+    """First come, first served across workers: the worker that frees a slot leaves it to an older
+    waiter in another worker rather than give it to its own newer one; with no older waiter
+    elsewhere, its own gets it."""
+    path = create(str(tmp_path), 2)
+    sa, sb = SharedCounts(path, 2, pid=os.getppid()), SharedCounts(path, 2)
+    try:
+        (la, a), (lb, b) = worker(sa), worker(sb)
+        deadline = asyncio.get_running_loop().time() + 10
+        for _ in range(2):
+            assert await lb.acquire("m", (), deadline) is b  # both slots, held in b's worker
+        first = asyncio.create_task(la.acquire("m", (), deadline))
+        await asyncio.sleep(0.01)
+        second = asyncio.create_task(lb.acquire("m", (), deadline))
+        await asyncio.sleep(0.01)
+        assert la.waiting == 1 and lb.waiting == 1
+        lb.release(b)
+        assert lb.waiting == 1  # not handed to b's worker's own, newer waiter
+        assert await asyncio.wait_for(first, 1) is a  # a's worker took it at its next look
+        assert not second.done()
+        lb.release(b)  # no older waiter anywhere now
+        assert await asyncio.wait_for(second, 1) is b
+    finally:
+        sb.close()
+        sa.close()
+
+
+async def test_a_slot_left_for_an_older_waiter_is_taken_after_the_grace_if_nobody_comes(tmp_path: Path) -> None:
+    """A worker that published an older waiter but never looks (stalled, or its waiter may not use
+    this backend) holds the slot up for FIFO_GRACE_NS at most."""
+    path = create(str(tmp_path), 2)
+    sa, sb = SharedCounts(path, 2, pid=os.getppid()), SharedCounts(path, 2)
+    try:
+        (lb, b) = worker(sb)
+        deadline = asyncio.get_running_loop().time() + 10
+        for _ in range(2):
+            assert await lb.acquire("m", (), deadline) is b
+        col = sa.column("m")
+        assert col is not None
+        sa.set(col, time.monotonic_ns(), OLDEST)  # a waiter in a worker that never looks
+        mine = asyncio.create_task(lb.acquire("m", (), deadline))
+        await asyncio.sleep(0.01)
+        lb.release(b)
+        assert lb.waiting == 1  # left for the older waiter, for now
+        assert await asyncio.wait_for(mine, 2) is b
     finally:
         sb.close()
         sa.close()

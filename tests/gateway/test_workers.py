@@ -6,6 +6,7 @@ import glob
 import json
 import os
 import signal
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -213,6 +214,34 @@ def test_four_workers_hold_one_limit_and_one_queue_together(tmp_path: Path) -> N
         gw.stop()
         fake.stop()
 
+
+
+def test_four_workers_serve_their_queue_first_come_first_served(tmp_path: Path) -> None:
+    """A limit of 1 and 10 requests 50 ms apart, each on a new connection: whichever workers
+    hold them, they are served in the order they came. When each worker handed a freed slot to its
+    own oldest waiter, a later request in the worker that finished overtook older ones elsewhere."""
+    fake = FakeVllm(tmp_path, ["m1"], "--fake-latency", "0.2")
+    gw = Gateway(tmp_path, instances(fake), args=["--workers", "4"],
+                 env={"FLEET_BACKEND_MAX_CONCURRENCY": "1", "FLEET_BACKEND_QUEUE": "16"})
+    try:
+        directory = metrics_dir_of(workers_of(gw.pid)[0])
+        assert wait_until(lambda: len(workers_of(gw.pid)) == 4
+                          and all(healthy_in(directory, p) for p in workers_of(gw.pid)), 20)
+        done: dict[int, float] = {}
+
+        def one(i: int) -> int:
+            time.sleep(0.05 * i)
+            r = httpx.post(gw.url + "/v1/chat/completions", content=BODY, headers=HEADERS, timeout=30)
+            done[i] = time.monotonic()
+            return r.status_code
+
+        with ThreadPoolExecutor(10) as ex:
+            assert list(ex.map(one, range(10))) == [200] * 10
+        assert sorted(done, key=done.__getitem__) == list(range(10)), done
+        assert queue_waits(gw) >= 9
+    finally:
+        gw.stop()
+        fake.stop()
 
 
 def rotation_by_pid(directory: str, backend: str) -> dict[int, float]:
