@@ -35,7 +35,7 @@ from gateway.prefixshare import PrefixTable
 from gateway.proxy import Proxy
 from gateway.routing import Router
 from gateway.settings import GatewaySettings
-from gateway.shared import SharedCounts
+from gateway.shared import SharedCounts, turn_counter
 from gateway.warm import Warmer
 
 PROXIED = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
@@ -53,6 +53,7 @@ class FleetGateway:
                  shared: SharedCounts | None = None, prefixes: PrefixTable | None = None) -> None:
         self.settings = settings
         self.prefixes = prefixes  # the workers' shared prefix index (prefixshare.py); None: each router its own
+        self.shared = shared
         self.metrics = GatewayMetrics()
         # The composition root: the backend set first, then its subscribers (docs/architecture.md §2).
         self.backends = BackendSet(Backend.from_spec(s) for s in backends)
@@ -130,7 +131,8 @@ class FleetGateway:
         s = self.settings
         return Router(s.policy_of(model), s.affinity_load_factor, s.prefix_index_blocks,
                       s.load_scrape_interval_s * STALE_INTERVALS,
-                      self.prefixes.index(model) if self.prefixes is not None else None)
+                      self.prefixes.index(model) if self.prefixes is not None else None,
+                      turn_counter(self.shared, model))
 
     def _build_api(self) -> FastAPI:
         @asynccontextmanager

@@ -1,6 +1,7 @@
 """Routing policies: which in-rotation replica of a model takes a request. Selectable per model.
 
-- ``round_robin``: in turn, blind to load.
+- ``round_robin``: in turn, blind to load. With several gateway workers the turn is the gateway's
+  (shared.turn_counter), and so is a tie's turn under the other policies.
 - ``least_in_flight``: fewest requests open from this gateway (every worker's, pool.Count); ties
   in turn. The default.
 - ``load_aware``: lowest ``load_score`` (loadscrape.py): the gateway's in-flight count plus what
@@ -64,12 +65,13 @@ class Router:
     """The routing state of one model: its policy, turn counter, prefix index and ring."""
 
     def __init__(self, policy: Policy, load_factor: float, index_capacity: int, max_age: float,
-                 shared_index: Index | None = None) -> None:
-        """``shared_index``: the workers' (prefixshare.py), used instead of an index of its own."""
+                 shared_index: Index | None = None, turn: Callable[[], int] | None = None) -> None:
+        """``shared_index``: the workers' (prefixshare.py), used instead of an index of its own;
+        ``turn``: the workers' turn counter (shared.turn_counter), used instead of its own."""
         self.policy = policy
         self.load_factor = load_factor
         self.max_age = max_age
-        self._turn = itertools.count()
+        self._turn = turn or itertools.count().__next__
         self.index: Index | None = None
         if policy is Policy.PREFIX_AWARE:
             self.index = shared_index if shared_index is not None else PrefixIndex(index_capacity)
@@ -81,7 +83,7 @@ class Router:
         """``usable``: the in-rotation, not excluded members of ``group``; never empty. ``count``:
         the requests the whole gateway has open to a backend."""
         if self.policy is Policy.ROUND_ROBIN:
-            return usable[next(self._turn) % len(usable)], BALANCED
+            return usable[self._turn() % len(usable)], BALANCED
         if self.policy is Policy.LEAST_IN_FLIGHT:
             return self._least(usable, lambda b: float(count(b))), BALANCED
         now = time.monotonic()
@@ -95,7 +97,7 @@ class Router:
         scores = [score(b) for b in usable]  # once each: a load score reads the scrape and the clock
         best = min(scores)
         ties = [b for b, x in zip(usable, scores, strict=True) if x == best]
-        return ties[0] if len(ties) == 1 else ties[next(self._turn) % len(ties)]
+        return ties[0] if len(ties) == 1 else ties[self._turn() % len(ties)]
 
     def _affine(self, group: Sequence[Backend], usable: Sequence[Backend], hint: Hint,
                 now: float, count: Callable[[Backend], int]) -> tuple[Backend, str]:

@@ -12,11 +12,12 @@ were free (CI, 16 requests against a limit of 8 and a queue of 16 over 4 workers
 
 One file in the workers' private directory, mapped by every worker: planes of int64 cells (one per
 kind of count: ``IN_FLIGHT``, ``FAILURES``, ``EJECTED_UNTIL``, ``QUEUED``, ``PROBED``,
-``FORGOTTEN``, ``OLDEST``), each a row per worker and a column per name (a backend's; for ``QUEUED`` a model's;
-column 0 of ``IN_FLIGHT``: the worker's requests in flight, for ``max_in_flight``). A worker writes
-only its own row, so the hot path takes no lock; a reader sums (or takes the largest of) a column
-over the rows. Two workers that look at the same moment may both take a backend's last slot (or a
-queue's last place), so a limit can be passed by at most N-1, the bound the divided limits had.
+``FORGOTTEN``, ``OLDEST``, ``TURNS``), each a row per worker and a column per name (a backend's;
+for ``QUEUED``, ``OLDEST`` and ``TURNS`` a model's; column 0 of ``IN_FLIGHT``: the worker's
+requests in flight, for ``max_in_flight``). A worker writes only its own row, so the hot path
+takes no lock; a reader sums (or takes the largest of) a column over the rows. Two workers that
+look at the same moment may both take a backend's last slot (or a queue's last place), so a limit
+can be passed by at most N-1, the bound the divided limits had.
 
 A worker takes a row at start-up under ``flock``: a free one, or one whose worker is dead (uvicorn
 replaced it); it zeroes the row, since a dead worker's requests died with it. Names get their
@@ -28,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import itertools
 import mmap
 import os
 from collections.abc import Callable, Iterator
@@ -46,7 +48,8 @@ QUEUED = 3  # requests waiting in a model's queue (the column of the model's nam
 PROBED = 4  # the last move this worker's own probes made: wall-clock µs × 4 + the new state (health.py)
 FORGOTTEN = 5  # the generation of the backend's cache, as this worker last set it (prefixshare.py)
 OLDEST = 6  # when this worker's oldest waiter for a model queued, monotonic ns; 0 none (limiter.py)
-PLANES = 7
+TURNS = 7  # the turns this worker has taken in a model's rotation (routing.py)
+PLANES = 8
 SYNC_S = 0.1  # how often a worker looks for what the others published (ejections, probe verdicts)
 
 
@@ -106,6 +109,23 @@ def in_flight_counter(shared: SharedCounts | None) -> Callable[[_Counted], int]:
 
 def _own_in_flight(b: _Counted) -> int:
     return b.in_flight
+
+
+def turn_counter(shared: SharedCounts | None, model: str) -> Callable[[], int] | None:
+    """The next turn in ``model``'s rotation for the whole gateway: the turns every worker has
+    taken, added up, so that N workers go round the replicas as one (each worker going round on
+    its own sent its first request of a burst to the same replica). Two workers taking a turn at
+    the same moment may get the same one. None without a table or a column (the router counts)."""
+    col = None if shared is None else shared.column(model)
+    if col is None or shared is None:
+        return None
+    mine = itertools.count(1)
+
+    def turn() -> int:
+        shared.set(col, next(mine), TURNS)
+        return shared.total(col, TURNS) - 1
+
+    return turn
 
 
 class Follower:

@@ -20,7 +20,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.pool import BackendPool
 from gateway.routing import Router, hint_for
 from gateway.settings import GatewaySettings
-from gateway.shared import FAILURES, GATEWAY, OLDEST, QUEUED, SharedCounts, column_of, create
+from gateway.shared import FAILURES, GATEWAY, OLDEST, QUEUED, SharedCounts, column_of, create, turn_counter
 from gateway.state import BackendState
 
 
@@ -204,7 +204,8 @@ def routing_worker(shared: SharedCounts, policy: Policy) -> tuple[Limiter, dict[
     reps = {n: Backend(n, f"http://{n}", VramTier.UNKNOWN, ["m"], ["m"]) for n in ("r1", "r2")}
     for b in reps.values():
         b.state = BackendState.HEALTHY
-    pool = BackendPool(BackendSet(reps.values()), None, lambda _: Router(policy, 1.25, 1000, 3.0), shared=shared)
+    pool = BackendPool(BackendSet(reps.values()), None,
+                       lambda m: Router(policy, 1.25, 1000, 3.0, turn=turn_counter(shared, m)), shared=shared)
     return Limiter(pool, GatewaySettings(workers=2), GatewayMetrics()), reps
 
 
@@ -229,6 +230,25 @@ async def test_workers_balance_the_gateways_requests_not_each_their_own(tmp_path
         third = await lb.acquire("m", (), deadline)
         assert third is not None and third.name == first.name
         assert {n: lb.pool.count(r) for n, r in b.items()} == {"r1": 1, "r2": 1}
+    finally:
+        sb.close()
+        sa.close()
+
+
+async def test_workers_go_round_the_replicas_as_one(tmp_path: Path) -> None:
+    """round_robin with two workers: the gateway's turns alternate the replicas whichever worker
+    takes each request. With a turn per worker, each worker's first request went to r1."""
+    path = create(str(tmp_path), 2)
+    sa, sb = SharedCounts(path, 2, pid=os.getppid()), SharedCounts(path, 2)
+    try:
+        (la, _), (lb, _) = routing_worker(sa, Policy.ROUND_ROBIN), routing_worker(sb, Policy.ROUND_ROBIN)
+        deadline = asyncio.get_running_loop().time() + 10
+        chosen = []
+        for lim in (la, lb, lb, la, lb, la):
+            b = await lim.acquire("m", (), deadline)
+            assert b is not None
+            chosen.append(b.name)
+        assert chosen == ["r1", "r2"] * 3
     finally:
         sb.close()
         sa.close()

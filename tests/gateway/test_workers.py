@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import glob
+import itertools
 import json
 import os
 import signal
@@ -349,6 +350,24 @@ def test_four_workers_balance_the_gateways_requests_over_the_replicas(tmp_path: 
                 assert wait_until(lambda n=n: one.stats()["in_flight"] + two.stats()["in_flight"] == n, 5), n
             assert (one.stats()["in_flight"], two.stats()["in_flight"]) == (4, 4)
             assert [f.result() for f in running] == [200] * 8
+    finally:
+        gw.stop()
+        one.stop()
+        two.stop()
+
+
+def test_four_workers_go_round_the_replicas_in_one_rotation(tmp_path: Path) -> None:
+    """round_robin through 4 workers: 12 requests one after another, each on a new connection, go
+    6 and 6 to two replicas and alternate, whichever workers take them (the turn is the
+    gateway's). With a turn per worker, a worker handed an odd number sent one more to the first."""
+    one, two = FakeVllm(tmp_path, ["m1"]), FakeVllm(tmp_path, ["m1"])
+    gw = Gateway(tmp_path, instances(one, two), args=["--workers", "4"], env={"FLEET_ROUTING_POLICY": "round_robin"})
+    try:
+        directory = metrics_dir_of(workers_of(gw.pid)[0])
+        assert wait_until(lambda: all_in_every_rotation(gw, directory, one, two), 20)
+        order = [httpx.post(gw.url + "/v1/chat/completions", content=BODY, headers=HEADERS,
+                            timeout=10).headers["x-fleet-backend"] for _ in range(12)]
+        assert all(a != b for a, b in itertools.pairwise(order)), order
     finally:
         gw.stop()
         one.stop()
