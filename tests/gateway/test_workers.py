@@ -174,6 +174,13 @@ def test_bad_workers_exits_2_naming_the_key(tmp_path: Path, capsys: pytest.Captu
     assert key in err and "Traceback" not in err, err
 
 
+def four_workers_up(gw: Gateway) -> None:
+    """Wait (20 s at most) for 4 live workers, each with its backend in rotation."""
+    directory = metrics_dir_of(workers_of(gw.pid)[0])
+    assert wait_until(lambda: len(workers_of(gw.pid)) == 4
+                      and all(healthy_in(directory, p) for p in workers_of(gw.pid)), 20)
+
+
 def queue_waits(gw: Gateway) -> float:
     return sum(v for k, v in scrape(gw).items() if k.startswith("fleet_queue_wait_seconds_count{"))
 
@@ -189,9 +196,7 @@ def test_four_workers_hold_one_limit_and_one_queue_together(tmp_path: Path) -> N
     gw = Gateway(tmp_path, instances(fake), args=["--workers", "4"],
                  env={"FLEET_BACKEND_MAX_CONCURRENCY": "8", "FLEET_BACKEND_QUEUE": "8"})
     try:
-        directory = metrics_dir_of(workers_of(gw.pid)[0])
-        assert wait_until(lambda: len(workers_of(gw.pid)) == 4
-                          and all(healthy_in(directory, p) for p in workers_of(gw.pid)), 20)
+        four_workers_up(gw)
 
         def one(_: int) -> int:
             return httpx.post(gw.url + "/v1/chat/completions", content=BODY, headers=HEADERS, timeout=30).status_code
@@ -225,9 +230,7 @@ def test_four_workers_serve_their_queue_first_come_first_served(tmp_path: Path) 
     gw = Gateway(tmp_path, instances(fake), args=["--workers", "4"],
                  env={"FLEET_BACKEND_MAX_CONCURRENCY": "1", "FLEET_BACKEND_QUEUE": "16"})
     try:
-        directory = metrics_dir_of(workers_of(gw.pid)[0])
-        assert wait_until(lambda: len(workers_of(gw.pid)) == 4
-                          and all(healthy_in(directory, p) for p in workers_of(gw.pid)), 20)
+        four_workers_up(gw)
         done: dict[int, float] = {}
 
         def one(i: int) -> int:
