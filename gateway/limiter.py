@@ -236,9 +236,10 @@ class Limiter:
             w.fut.set_result(b)
 
     def _queue_ahead(self, model: str) -> bool:
-        """Requests for ``model`` wait in the gateway's queue (retries that may not use every replica
-        aside): a new one joins it. A slot freed in one worker waits up to ``SHARED_POLL_S`` for the worker with the
-        oldest waiter to look, and a new request must not take it in between."""
+        """Requests for ``model`` wait in the gateway's queue (retries that may not use every
+        replica aside): a new one joins it. A slot freed in one worker waits up to
+        ``SHARED_POLL_S`` for the worker with the oldest waiter to look, and a new request must not
+        take it in between."""
         col = None if self.shared is None else self.shared.column(model)
         if col is None or self.shared is None or not self.shared.total(col, QUEUED):
             return False
