@@ -19,7 +19,8 @@ with the sum over the workers. Each worker hands slots to its own waiters, oldes
 freed in another worker is not announced, so while this worker has waiters it looks again every
 ``SHARED_POLL_S``. The queue stays first come, first served across workers: each worker publishes
 when its oldest waiter for each model queued, and a worker whose own oldest came later leaves a
-free slot to the worker with the older one, whose next look takes it. A retry waiting for a
+free slot to the worker with the older one, whose next look takes it; while requests wait, a new
+one joins the queue rather than take a slot freed in between. A retry waiting for a
 replica other than those it tried is not published (it may not be able to use the free one), and
 a worker that leaves a slot takes it after all if the slot stays free for ``FIFO_GRACE_NS``: the
 other worker may be stalled, or see that backend out of rotation for the moment.

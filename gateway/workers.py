@@ -8,14 +8,15 @@ What the workers share, in a table each worker maps (shared.py): their in-flight
 backend and in all, and their queued counts per model, so that ``backend_max_concurrency`` (or
 vLLM's ``max_num_seqs``), ``max_in_flight`` and ``backend_queue`` bound the whole gateway and no
 worker turns a request away while the gateway has room, and so that every policy routes by the
-gateway's in-flight counts; passive ejection (ejection.py) and the probes' verdicts (health.py).
-And in a second file, prefix-aware routing's index (prefixshare.py), whose keys are Python's str
-hashes: the workers get one PYTHONHASHSEED, a random one unless a number is set. What each
-keeps to itself (docs/gateway.md, "Several workers"): its health probes (each worker probes every
-backend; the verdicts are shared), its turn counters, and its waiters (a worker hands slots to its
-own, oldest first). Metrics are shared through prometheus_client's multiprocess files. All live in
-a private directory that the parent creates before the workers start and removes when they are
-gone.
+gateway's in-flight counts; when each model's oldest waiter queued, so that the queue is first
+come, first served across workers (limiter.py); the routing turns (routing.py); passive ejection
+(ejection.py) and the probes' verdicts (health.py). And in a second file, prefix-aware routing's
+index (prefixshare.py), whose keys are Python's str hashes: the workers get one PYTHONHASHSEED, a
+random one unless a number is set. What each keeps to itself (docs/gateway.md, "Several
+workers"): its health probes (each worker probes every backend; the verdicts are shared, the
+streaks are not) and its waiters (it hands slots to them, unless another worker's waiter is
+older). Metrics are shared through prometheus_client's multiprocess files. All live in a private
+directory that the parent creates before the workers start and removes when they are gone.
 """
 
 from __future__ import annotations
