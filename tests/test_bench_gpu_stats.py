@@ -1,11 +1,15 @@
 """The GPU benchmark's arithmetic (bench/gpu): how many requests a pass held in flight, when each
-client process ended, and pair_stats.py's pairs, which must stay within one file (one machine)."""
+client process ended, pair_stats.py's pairs, which must stay within one file (one machine), and
+pin.py's placement of the processes on CPUs."""
 
 from __future__ import annotations
 
 import importlib
 import json
+import os
+import subprocess
 import sys
+import time
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -76,4 +80,43 @@ def test_pairs_interval_leaves_out_how_fast_each_machine_was(tmp_path: Path,
     cells = [c.strip() for c in line.split("|")]
     lo, hi = (float(v) for v in cells[5].split("–"))
     assert hi / lo > 5  # the ratio of medians mixes the machines
-    assert cells[6] == "1.10 (6)" and cells[7] == "1.10–1.10"
+    assert cells[6] == "1.10 (6)" and cells[7] == "1.10–1.10" and cells[8] == "6 of 6"
+
+
+def test_pin_plan_gives_each_part_whole_cores_of_its_own() -> None:
+    pin = _load("pin")
+    # 4 cores of 2 hyperthreads, siblings numbered n and n + 4 as on many hosts.
+    where = pin.plan([[0, 4], [1, 5], [2, 6], [3, 7]])
+    assert where == {"gateway": {3, 7}, "client": {2, 6}, "vllm": {0, 1, 4, 5}}
+    with pytest.raises(SystemExit, match="3 physical cores"):
+        pin.plan([[0, 1], [2, 3]])
+
+
+def test_pin_moves_every_thread_of_a_process() -> None:
+    pin = _load("pin")
+    # A real child with a second thread: both are moved, not only the main one.
+    code = "import threading, time; threading.Thread(target=time.sleep, args=(30,)).start(); time.sleep(30)"
+    child = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        deadline = time.monotonic() + 10
+        while len(os.listdir(f"/proc/{child.pid}/task")) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        cpu = min(os.sched_getaffinity(0))
+        assert pin.pin([child.pid], {cpu}) == 2
+        assert all(os.sched_getaffinity(int(t)) == {cpu} for t in os.listdir(f"/proc/{child.pid}/task"))
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_pinned_pairs_are_a_table_of_their_own(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    stats = _load("pair_stats")
+    pinned = {"pin": {"cpus": {"gateway": [3]}}}
+    f = tmp_path / "rows.json"
+    f.write_text(json.dumps([_row("direct", 0, 100.0), _row("gateway", 0, 90.0),
+                             {**_row("direct", 0, 100.0), **pinned}, {**_row("gateway", 0, 100.0), **pinned}]))
+    stats.main([str(f)])
+    out = capsys.readouterr().out
+    assert "CPUs pinned" in out
+    lines = [x for x in out.splitlines() if x.startswith("| gateway | tokens/s")]
+    assert [x.split("|")[6].strip() for x in lines] == ["0.90 (1)", "1.00 (1)"]

@@ -8,7 +8,8 @@ p50/p99 and the requests held in flight: each target's median (min–max, n); th
 medians to direct's; the median of the ratios within each interleaved pair (pass i of the target ÷
 pass i of direct of the same file, run back to back); a 90 % bootstrap interval of the ratio of
 medians (passes resampled with replacement, 2,000 draws, fixed seed); and one of the median of the
-pairs' ratios (pairs resampled), the one to read when ``--pool`` mixes machines of different speed.
+pairs' ratios (pairs resampled), the one to read when ``--pool`` mixes machines of different speed;
+and how many pairs' ratios are above 1 (a sign test needs no assumption about the spread).
 An interval that holds both 0.95 and 1.05 says the run cannot tell a 5 % difference.
 
 Then, for passes with per-request timestamps (``--probe`` with a traced gateway or ``--trace-vllm``):
@@ -68,7 +69,8 @@ def _by_pass(group: list[dict[str, Any]], target: str, key: str) -> dict[tuple[i
 def _shape(row: dict[str, Any]) -> str:
     """The load's shape where it was not the closed loop of 128/128 (serve_pairs.py --range-ratio, --rate)."""
     r, q = row.get("range_ratio"), row.get("request_rate")
-    return (f", lengths 128 × [1 ± {r:g}]" if r else "") + (f", Poisson {q:g} requests/s" if q else "")
+    return ((f", lengths 128 × [1 ± {r:g}]" if r else "") + (f", Poisson {q:g} requests/s" if q else "")
+            + (", CPUs pinned (pin.py)" if row.get("pin") else ""))
 
 
 def ratios(path: str, rows: list[dict[str, Any]]) -> None:
@@ -78,8 +80,8 @@ def ratios(path: str, rows: list[dict[str, Any]]) -> None:
         targets = sorted({r["target"] for r in group}, key=lambda t: (t != "direct", t))
         print(f"\n{path}: {conc} concurrent, {k} client process(es){shape}\n")
         print("| target | what | median (min–max), n | ÷ direct, medians | 90 % interval | ÷ direct, median of pairs "
-              "(n) | 90 % interval, pairs |")
-        print("|---|---|---|---|---|---|---|")
+              "(n) | 90 % interval, pairs | pairs above 1 |")
+        print("|---|---|---|---|---|---|---|---|")
         for t in targets:
             for key, label in KEYS:
                 by_pass, base = _by_pass(group, t, key), _by_pass(group, "direct", key)
@@ -88,13 +90,14 @@ def ratios(path: str, rows: list[dict[str, Any]]) -> None:
                     continue
                 cell = f"{statistics.median(vals):,.0f} ({min(vals):,.0f}–{max(vals):,.0f}), {len(vals)}"
                 if t == "direct" or not base:
-                    print(f"| {t} | {label} | {cell} | | | | |")
+                    print(f"| {t} | {label} | {cell} | | | | | |")
                     continue
                 pairs = [by_pass[p] / base[p] for p in by_pass if p in base]
                 lo, hi = _boot(vals, list(base.values()), rng)
                 plo, phi = _boot_pairs(pairs, rng)
                 print(f"| {t} | {label} | {cell} | {statistics.median(vals) / statistics.median(base.values()):.2f} "
-                      f"| {lo:.2f}–{hi:.2f} | {statistics.median(pairs):.2f} ({len(pairs)}) | {plo:.2f}–{phi:.2f} |")
+                      f"| {lo:.2f}–{hi:.2f} | {statistics.median(pairs):.2f} ({len(pairs)}) | {plo:.2f}–{phi:.2f} "
+                      f"| {sum(r > 1 for r in pairs)} of {len(pairs)} |")
 
 
 def _pq(p: dict[str, Any], k: str) -> str:

@@ -24,7 +24,9 @@ draws lengths in 128 × [1 - R, 1 + R] and ``--rate Q`` sends Poisson arrivals a
 instead of the closed loop (rows and tags say which, pair_stats.py groups by it). ``run --probe``
 adds where the time goes (tail_probe.py); against a traced gateway (gateway_variant.py --trace)
 and after ``start --trace-vllm`` it also places each request's time (trace_join.py), and
-pair_stats.py turns the rows into ratios with their intervals.
+pair_stats.py turns the rows into ratios with their intervals. ``run --pin`` runs each pair again
+right after it with the gateway, the client and vLLM on physical cores of their own (pin.py; tags
+"-pin"), to tell whether the gateway slows vLLM by sharing its CPUs.
 """
 
 from __future__ import annotations
@@ -47,7 +49,8 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_clients import shape_args
-from gpu_fleet import GW, base_fleet, bench, fleet_healthy, inst, instances, log, wait
+from gpu_fleet import GW, base_fleet, bench, fleet_healthy, group, inst, instances, log, pgid, wait
+from pin import cores, pin, plan
 from tail_probe import SocketSampler, moved, snapshot, ttft_shape
 from trace_join import arrivals, join
 
@@ -141,23 +144,42 @@ def one(model_dir: str, w: Path, target: str, conc: int, tag: str, probe: bool =
     return r
 
 
+def _pinned(on: bool) -> dict[str, Any]:
+    """pin.py's placement (on) or every CPU for everyone (off); what was placed where."""
+    groups = cores()
+    every = {c for g in groups for c in g}
+    where = plan(groups) if on else {name: every for name in ("gateway", "client", "vllm")}
+    procs = instances()
+    threads = {name: pin(group(pg), where[name]) for name, key in (("gateway", "gateway"), ("vllm", "a"))
+             if key in procs and (pg := pgid(procs[key]["pid"])) is not None}
+    os.sched_setaffinity(0, where["client"])  # this process, so the client processes it starts
+    return {"cpus": {k: sorted(v) for k, v in where.items()}, "threads_moved": threads}
+
+
 def run(model_dir: str, w: Path, concs: list[int], passes: int, probe: bool = False,
         targets: tuple[str, ...] = ("direct", "gateway"), clients: int = 1,
-        shape: Shape = (0.0, None)) -> list[dict[str, Any]]:
+        shape: Shape = (0.0, None), pin_too: bool = False) -> list[dict[str, Any]]:
+    """Interleaved passes; with ``pin_too`` each pair again right after it with the CPUs pinned
+    (pin.py; tags "-pin"), so pinned and unpinned pairs alternate on one machine."""
     rows_path = w / "rows.json"
     rows: list[dict[str, Any]] = json.loads(rows_path.read_text()) if rows_path.exists() else []
     for conc in concs:
         for p in range(passes):
             order = list(targets) if p % 2 == 0 else list(reversed(targets))
-            for target in order:
-                rows.append(one(model_dir, w, target, conc, f"c{conc}-k{clients}{shape_tag(shape)}-p{p}-{target}",
-                                probe, clients, shape))
-                rows_path.write_text(json.dumps(rows, indent=1))
+            for pinned in (False, True) if pin_too else (False,):
+                placed = _pinned(pinned) if pin_too else None
+                for target in order:
+                    tag = f"c{conc}-k{clients}{shape_tag(shape)}{'-pin' if pinned else ''}-p{p}-{target}"
+                    rows.append({**one(model_dir, w, target, conc, tag, probe, clients, shape),
+                                 **({"pin": placed} if pinned else {})})
+                    rows_path.write_text(json.dumps(rows, indent=1))
+    if pin_too:
+        _pinned(False)
     return rows
 
 
 def _shape(row: dict[str, Any]) -> str:
-    return shape_tag((row.get("range_ratio") or 0.0, row.get("request_rate")))
+    return shape_tag((row.get("range_ratio") or 0.0, row.get("request_rate"))) + ("-pin" if row.get("pin") else "")
 
 
 def table(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -220,6 +242,8 @@ def main() -> None:
                     "128 × [1 - R, 1 + R] (vllm bench serve --random-range-ratio); 0: all 128")
     ap.add_argument("--rate", type=float, default=None, help="run: an open loop, Poisson arrivals at this many "
                     "requests/s in all, at most --conc in flight; default: a closed loop of --conc")
+    ap.add_argument("--pin", action="store_true", help="run: each pair again with the gateway, the client and vLLM "
+                    "on CPUs of their own (pin.py)")
     ap.add_argument("--targets", default="direct,gateway", help="run: which, in order (tcp: tcp_relay.py on 8090; "
                     "NAME:PORT any other server)")
     a = ap.parse_args()
@@ -229,7 +253,7 @@ def main() -> None:
         res: Any = start(a.model_dir, w, a.workers, a.trace_vllm)
     elif a.phase == "run":
         res = table(run(a.model_dir, w, a.conc, a.passes, a.probe, tuple(a.targets.split(",")), a.clients,
-                        (a.range_ratio, a.rate)))
+                        (a.range_ratio, a.rate), a.pin))
     else:
         rows = json.loads((w / "rows.json").read_text()) if (w / "rows.json").exists() else []
         res = {"stop": stop(w), "table": table(rows)}

@@ -1,0 +1,47 @@
+"""CPUs of their own for the gateway, the load generator and vLLM (serve_pairs.py run --pin).
+
+At 512 concurrent on H200s the gateway's passes ran 0.95× direct's tokens/s with a 1.14× longer
+mean gap between tokens (results/serve-pairs-h200-512): vLLM went slower while the gateway
+worked. One candidate is the host's CPUs: vLLM's API server and engine core are each one busy
+Python thread, and the gateway (a third to half of a core at that load) may share a physical core
+with one of them (the machines are VMs with 16 vCPUs; which vCPUs are hyperthread siblings is in
+sysfs). Pinned, the gateway gets the last physical core, the client the one before it, vLLM the
+rest, so the three cannot meet on a core; unpinned, every process may use every CPU again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+
+
+def cores() -> list[list[int]]:
+    """The machine's CPUs, grouped by physical core (hyperthread siblings together). Not this
+    process's affinity: after a pinned pass that is the client's core alone."""
+    seen: dict[str, list[int]] = {}
+    for cpu in range(os.cpu_count() or 1):
+        path = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list")
+        key = path.read_text().strip() if path.exists() else str(cpu)
+        seen.setdefault(key, []).append(cpu)
+    return sorted(seen.values())
+
+
+def plan(groups: list[list[int]]) -> dict[str, set[int]]:
+    """The last core for the gateway, the one before for the client, the rest for vLLM."""
+    if len(groups) < 3:
+        raise SystemExit(f"--pin needs 3 physical cores, this machine has {len(groups)}")
+    return {"gateway": set(groups[-1]), "client": set(groups[-2]),
+            "vllm": {c for g in groups[:-2] for c in g}}
+
+
+def pin(pids: list[int], cpus: set[int]) -> int:
+    """Every thread of ``pids`` onto ``cpus``; the threads moved (one that ended meanwhile is skipped)."""
+    n = 0
+    for pid in pids:
+        with contextlib.suppress(FileNotFoundError):
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                with contextlib.suppress(ProcessLookupError):
+                    os.sched_setaffinity(int(tid), cpus)
+                    n += 1
+    return n
