@@ -26,7 +26,8 @@ adds where the time goes (tail_probe.py); against a traced gateway (gateway_vari
 and after ``start --trace-vllm`` it also places each request's time (trace_join.py), and
 pair_stats.py turns the rows into ratios with their intervals. ``run --pin`` runs each pair again
 right after it with the gateway, the client and vLLM on physical cores of their own (pin.py; tags
-"-pin"), to tell whether the gateway slows vLLM by sharing its CPUs.
+"-pin"), and the target ``burn`` is a direct pass with burn.py keeping the gateway's share of a CPU
+busy: two ways to tell whether the gateway slows vLLM by sharing the host's CPUs.
 """
 
 from __future__ import annotations
@@ -111,15 +112,23 @@ def _gateway_pid() -> int | None:
 
 def one(model_dir: str, w: Path, target: str, conc: int, tag: str, probe: bool = False,
         clients: int = 1, shape: Shape = (0.0, None)) -> dict[str, Any]:
-    base = {"direct": DIRECT, "gateway": GW, "tcp": TCP_RELAY}.get(target) or f"http://127.0.0.1:{target.split(':')[1]}"
+    base = ({"direct": DIRECT, "burn": DIRECT, "gateway": GW, "tcp": TCP_RELAY}.get(target)
+            or f"http://127.0.0.1:{target.split(':')[1]}")
+    burner = (subprocess.Popen([sys.executable, str(Path(__file__).resolve().parent / "burn.py")])
+              if target == "burn" else None)  # direct, with the gateway's share of a CPU busy beside it
     before = _samples(httpx.get(GW + "/metrics", timeout=10).text)
     snap = snapshot(DIRECT, GW) if probe else None
     traced = probe and _trace(base) is not None  # a gateway_trace.py gateway: its records so far dropped
     sockets = SocketSampler((8001, 8080)) if probe else None
-    with sockets or contextlib.nullcontext():
-        r = bench(model_dir, base, MODEL, w, tag, prompts=3 * conc, conc=conc,
-                  gw_pid=_gateway_pid() if target == "gateway" else None, detailed=probe, clients=clients,
-                  shape=shape_args(*shape, clients))
+    try:
+        with sockets or contextlib.nullcontext():
+            r = bench(model_dir, base, MODEL, w, tag, prompts=3 * conc, conc=conc,
+                      gw_pid=_gateway_pid() if target == "gateway" else None, detailed=probe, clients=clients,
+                      shape=shape_args(*shape, clients))
+    finally:
+        if burner is not None:
+            burner.kill()
+            burner.wait()
     if snap is not None and sockets is not None:
         r["probe"] = moved(snap, snapshot(DIRECT, GW))
         r["probe"]["sockets"] = sockets.summary()
@@ -245,6 +254,7 @@ def main() -> None:
     ap.add_argument("--pin", action="store_true", help="run: each pair again with the gateway, the client and vLLM "
                     "on CPUs of their own (pin.py)")
     ap.add_argument("--targets", default="direct,gateway", help="run: which, in order (tcp: tcp_relay.py on 8090; "
+                    "burn: direct with burn.py beside it; "
                     "NAME:PORT any other server)")
     a = ap.parse_args()
     w = Path(a.out)
