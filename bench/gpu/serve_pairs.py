@@ -172,18 +172,20 @@ def run(model_dir: str, w: Path, concs: list[int], passes: int, probe: bool = Fa
     (pin.py; tags "-pin"), so pinned and unpinned pairs alternate on one machine."""
     rows_path = w / "rows.json"
     rows: list[dict[str, Any]] = json.loads(rows_path.read_text()) if rows_path.exists() else []
-    for conc in concs:
-        for p in range(passes):
-            order = list(targets) if p % 2 == 0 else list(reversed(targets))
-            for pinned in (False, True) if pin_too else (False,):
-                placed = _pinned(pinned) if pin_too else None
-                for target in order:
-                    tag = f"c{conc}-k{clients}{shape_tag(shape)}{'-pin' if pinned else ''}-p{p}-{target}"
-                    rows.append({**one(model_dir, w, target, conc, tag, probe, clients, shape),
-                                 **({"pin": placed} if pinned else {})})
-                    rows_path.write_text(json.dumps(rows, indent=1))
-    if pin_too:
-        _pinned(False)
+    try:
+        for conc in concs:
+            for p in range(passes):
+                order = list(targets) if p % 2 == 0 else list(reversed(targets))
+                for pinned in (False, True) if pin_too else (False,):
+                    placed = _pinned(pinned) if pin_too else None
+                    for target in order:
+                        tag = f"c{conc}-k{clients}{shape_tag(shape)}{'-pin' if pinned else ''}-p{p}-{target}"
+                        rows.append({**one(model_dir, w, target, conc, tag, probe, clients, shape),
+                                     **({"pin": placed} if pinned else {})})
+                        rows_path.write_text(json.dumps(rows, indent=1))
+    finally:
+        if pin_too:  # not after a SIGKILL or timeout's SIGTERM: then `run --pin --passes 0` unpins
+            _pinned(False)
     return rows
 
 
