@@ -39,7 +39,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.pool import BackendPool
 from gateway.routing import Hint
 from gateway.settings import GatewaySettings
-from gateway.shared import GATEWAY, OLDEST, QUEUED, column_of, publish
+from gateway.shared import GATEWAY, OLDEST, QUEUED, SharedCounts, column_of, publish
 from gateway.state import BackendState
 
 QUEUE_FULL = "queue_full"
@@ -241,19 +241,22 @@ class Limiter:
         replica aside): a new one joins it. A slot freed in one worker waits up to
         ``SHARED_POLL_S`` for the worker with the oldest waiter to look, and a new request must not
         take it in between."""
-        col = None if self.shared is None else self.shared.column(model)
-        if col is None or self.shared is None or not self.shared.total(col, QUEUED):
+        cells = self._model_cells(model)
+        if cells is None:
             return False
-        return any(not w.exclude for w in self._queues.get(model, ())) \
-            or self.shared.smallest_of_others(col, OLDEST) != 0
+        shared, col = cells
+        if not shared.total(col, QUEUED):
+            return False
+        return any(not w.exclude for w in self._queues.get(model, ())) or shared.smallest_of_others(col, OLDEST) != 0
 
     def _older_elsewhere(self, b: Backend, model: str, w: _Waiter) -> bool:
         """Another worker's waiter for ``model`` queued before ``w``: leave ``b``'s free slot to it,
         for ``FIFO_GRACE_NS`` at most."""
-        col = None if self.shared is None else self.shared.column(model)
-        if col is None or self.shared is None:
+        cells = self._model_cells(model)
+        if cells is None:
             return False
-        other = self.shared.smallest_of_others(col, OLDEST)
+        shared, col = cells
+        other = shared.smallest_of_others(col, OLDEST)
         if not other or other >= w.since_ns:
             self._deferred.pop(b.name, None)
             return False
@@ -278,14 +281,20 @@ class Limiter:
 
     def _queued(self, model: str, q: deque[_Waiter]) -> int:
         """Requests waiting for ``model`` in the whole gateway."""
+        cells = self._model_cells(model)
+        return len(q) if cells is None else cells[0].total(cells[1], QUEUED)
+
+    def _model_cells(self, model: str) -> tuple[SharedCounts, int] | None:
+        """The workers' table and ``model``'s column in it; None with one worker, or when the table
+        has no column for it (this worker then counts that model's queue alone)."""
         col = None if self.shared is None else self.shared.column(model)
-        return len(q) if col is None or self.shared is None else self.shared.total(col, QUEUED)
+        return None if col is None or self.shared is None else (self.shared, col)
 
     def _depth(self, model: str, q: deque[_Waiter]) -> None:
-        if self.shared is not None and (col := self.shared.column(model)) is not None:
-            self.shared.set(col, len(q), QUEUED)
-            oldest = next((w.since_ns for w in q if not w.exclude), 0)
-            self.shared.set(col, oldest, OLDEST)
+        if (cells := self._model_cells(model)) is not None:
+            shared, col = cells
+            shared.set(col, len(q), QUEUED)
+            shared.set(col, next((w.since_ns for w in q if not w.exclude), 0), OLDEST)
         self.metrics.queue_depth.labels(model).set(len(q))
         if self.on_queue is not None:
             self.on_queue(model, len(q))
