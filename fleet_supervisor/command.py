@@ -49,6 +49,7 @@ class LaunchSpec:
     env_overrides: dict[str, str]  # the part of ``env`` that the supervisor set, for ``check``
     models: tuple[str, ...] = ()  # served names (instances only)
     sleep: SleepPlan | None = None
+    cpus: frozenset[int] | None = None  # the CPUs it and its children run on (cpus.py); None: every CPU
 
 
 def sleep_mode(fleet: FleetFile, inst: Instance) -> str | None:

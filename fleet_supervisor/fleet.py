@@ -108,6 +108,7 @@ class Fleet:
         become_subreaper()
         path = write_infernet(plan)
         self._say(f"wrote {path} ({len(plan.instances)} instances, node tier {plan.infernet['vram_tier']})")
+        self._say(f"CPUs: {plan.placement.describe()}")
         host, port = gateway_address(plan.fleet, plan.gateway.env)
         # The state file lets the next `up` find our children if we are SIGKILLed (leftovers.py);
         # written before the first spawn, so that a second `up` of this fleet sees this one.
@@ -262,7 +263,7 @@ class Fleet:
         fleet = load_fleet(self.plan.source)
         held = frozenset(p for p in [*(i.port for i in self.plan.fleet.instances), self.plan.fleet.gateway.port,
                                      self.plan.fleet.supervisor.metrics_port] if p)
-        new = make_plan(fleet, discover_gpus(), self.plan.source, held=held)
+        new = make_plan(fleet, discover_gpus(), self.plan.source, held=held, placement=self.plan.placement)
         d = diff(self.plan, new)
         task = asyncio.create_task(self.reloader.apply(new, d), name="reload")
         self._reloads.add(task)

@@ -1,4 +1,4 @@
-"""Validation that depends on this host: do the GPUs exist, are the ports free.
+"""Validation that depends on this host: do the GPUs exist, are the ports free, are the CPUs there.
 
 fleetspec checks what a fleet file says; only the supervisor, which starts processes here, can
 check it against the machine. Every problem names the instance and the key, and all of them are
@@ -12,6 +12,8 @@ import socket
 from collections.abc import Mapping
 
 from fleet_supervisor.command import GATEWAY_CHILD, gateway_address
+from fleet_supervisor.cpus import allowed_cpus
+from fleet_supervisor.cpus import problems as cpu_problems
 from fleetspec.errors import ConfigError
 from fleetspec.fleetfile import FleetFile
 from fleetspec.gpus import Gpu
@@ -59,6 +61,7 @@ def host_problems(fleet: FleetFile, gpus: list[Gpu], env: Mapping[str, str] | No
         source = "FLEET_PORT" if port != fleet.gateway.port else "gateway.port"
         problems.append(f"gateway.port: port {port} on {host} {why}; stop what listens there, or change "
                         f"{source}")
+    problems += cpu_problems(fleet, allowed_cpus())
     sup = fleet.supervisor
     if sup.metrics_port:
         if sup.metrics_port == port or sup.metrics_port in {inst.port for inst in fleet.instances}:

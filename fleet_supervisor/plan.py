@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shlex
 from collections.abc import Mapping
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from fleet_supervisor.command import LaunchSpec, gateway_spec, instance_spec, sleep_mode
+from fleet_supervisor.cpus import Placement, allowed_cpus, physical_cores, place
 from fleet_supervisor.hostcheck import check_host
 from fleet_supervisor.sleeplevel import available_ram_bytes, sleep_levels
 from fleetspec.fleetfile import FleetFile
@@ -32,6 +34,7 @@ class Plan:
     gateway: LaunchSpec
     infernet: dict[str, Any]
     infernet_path: Path
+    placement: Placement
 
 
 def infernet_for(fleet: FleetFile, gpus: list[Gpu]) -> dict[str, Any]:
@@ -41,19 +44,24 @@ def infernet_for(fleet: FleetFile, gpus: list[Gpu]) -> dict[str, Any]:
 
 
 def make_plan(fleet: FleetFile, gpus: list[Gpu], source: str, env: Mapping[str, str] | None = None,
-              *, check: bool = True, held: frozenset[int] = frozenset()) -> Plan:
+              *, check: bool = True, held: frozenset[int] = frozenset(), placement: Placement | None = None) -> Plan:
     """Resolve ``fleet`` for this host; with ``check`` raise ConfigError when it does not fit
-    (``held``: ports the running fleet already listens on, for a live reload)."""
+    (``held``: ports the running fleet already listens on, for a live reload; ``placement``: the
+    running fleet's CPUs, which a reload keeps because the gateway keeps its own until the next ``up``)."""
     if check:
         check_host(fleet, gpus, source, env, held)
     infernet_path = Path(fleet.supervisor.state_dir) / INFERNET_FILE
     levels = sleep_levels(fleet, [i for i in fleet.instances if sleep_mode(fleet, i) == "vllm"],
                           available_ram_bytes())
+    if placement is None:
+        allowed = allowed_cpus()
+        placement = place(fleet, allowed, physical_cores(allowed))
     return Plan(
         fleet=fleet, source=source, gpus=gpus,
-        instances=[instance_spec(fleet, inst, env, levels.get(inst.name, (1, ""))) for inst in fleet.instances],
-        gateway=gateway_spec(fleet, infernet_path.resolve(), env),
-        infernet=infernet_for(fleet, gpus), infernet_path=infernet_path,
+        instances=[dataclasses.replace(instance_spec(fleet, inst, env, levels.get(inst.name, (1, ""))),
+                                       cpus=placement.instances) for inst in fleet.instances],
+        gateway=dataclasses.replace(gateway_spec(fleet, infernet_path.resolve(), env), cpus=placement.gateway),
+        infernet=infernet_for(fleet, gpus), infernet_path=infernet_path, placement=placement,
     )
 
 
@@ -113,6 +121,7 @@ def describe(plan: Plan) -> str:
         f"  env:     {_env_text(gw.env_overrides)}",
         f"  command: {shlex.join(gw.argv)}",
         f"  config:  {plan.infernet_path}  (node vram tier {plan.infernet['vram_tier']})",
+        f"  cpus:    {plan.placement.describe()}",
         "",
         f"supervisor  metrics {metrics}  startup_timeout_s={sup.startup_timeout_s:g} "
         f"health_interval_s={sup.health_interval_s:g} health_failures={sup.health_failures} "

@@ -70,6 +70,24 @@ def die_with_parent() -> Callable[[], None] | None:
     return preexec
 
 
+def child_setup(cpus: frozenset[int] | None) -> Callable[[], None] | None:
+    """The ``preexec_fn`` of a child: ``die_with_parent``, and the CPUs it may run on (cpus.py). Set
+    before exec, so every process and thread it starts inherits them."""
+    death = die_with_parent()
+    if cpus is None:
+        return death
+
+    def preexec() -> None:
+        if death is not None:
+            death()
+        try:
+            os.sched_setaffinity(0, cpus)
+        except OSError as e:  # a CPU went offline since the plan: run where it may, and say so in its log
+            os.write(2, f"[fleet] cannot place on CPUs {sorted(cpus)}: {e}; running on every CPU\n".encode())
+
+    return preexec
+
+
 def group_alive(pgid: int) -> bool:
     try:
         os.killpg(pgid, 0)
@@ -122,7 +140,7 @@ class ManagedProcess:
         try:
             self._proc = await asyncio.create_subprocess_exec(
                 *self.spec.argv, env=self.spec.env, stdin=asyncio.subprocess.DEVNULL,
-                stdout=write_fd, stderr=write_fd, start_new_session=True, preexec_fn=die_with_parent(),
+                stdout=write_fd, stderr=write_fd, start_new_session=True, preexec_fn=child_setup(self.spec.cpus),
             )
         except BaseException:
             os.close(read_fd)

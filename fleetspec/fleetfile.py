@@ -37,6 +37,13 @@ class GatewaySection(_Strict):
         "must be served by some instance")
     workers: int = Field(1, ge=1, le=256, description="gateway server processes sharing the port "
                          "(docs/gateway.md#several-gateway-workers: what each keeps to itself)")
+    # The gateway on the CPUs that vLLM's busy API server and engine-core threads use slowed vLLM's
+    # decoding on H200s at 512 streams; on CPUs of its own it did not (bench/gpu/results/serve-pin-h200-512).
+    cpus: Literal["auto", "all"] | list[int] = Field(
+        "auto", description="CPUs of its own for the gateway that `up` launches, the instances on the rest: auto "
+        "gives it `workers` physical cores (the last ones) when every instance is device: cuda and that is at "
+        "most a quarter of the cores this process may use; all: every process on every CPU; a list: these CPU "
+        "ids for the gateway (`up` says the placement; a change applies at the next `up`)")
 
 
 class SupervisorSection(_Strict):

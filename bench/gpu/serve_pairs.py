@@ -154,7 +154,8 @@ def one(model_dir: str, w: Path, target: str, conc: int, tag: str, probe: bool =
 
 
 def _pinned(on: bool) -> dict[str, Any]:
-    """pin.py's placement (on) or every CPU for everyone (off); what was placed where."""
+    """pin.py's placement (on) or every CPU for everyone (off: what ``gateway.cpus: all`` gives, so
+    the unpinned passes stay the baseline without placement); what was placed where."""
     groups = cores()
     every = {c for g in groups for c in g}
     where = plan(groups) if on else {name: every for name in ("gateway", "client", "vllm")}
