@@ -84,7 +84,10 @@ def start(model_dir: str, w: Path, workers: int, trace_vllm: bool = False) -> di
     (w / "up.pid").write_text(str(up.pid))
     took = wait(lambda: fleet_healthy(["a"]) and len(instances()) == 2, 420, "instance a in rotation")
     limits = httpx.get(GW + "/fleet", timeout=5).json()
-    return {"up_to_ready_s": round(took, 1), "fleet": limits}
+    # `up` says where it placed the gateway and vLLM (gateway.cpus); plain passes run that way.
+    placed = [line.split("CPUs: ", 1)[1] for line in (w / "up.log").read_text(errors="replace").splitlines()
+              if "] CPUs: " in line]
+    return {"up_to_ready_s": round(took, 1), "fleet": limits, "cpus": placed[-1] if placed else None}
 
 
 def _samples(text: str) -> dict[str, float]:
