@@ -1,8 +1,9 @@
 """Where the gateway and the instances run: CPUs of their own for the gateway (gateway.cpus).
 
 vLLM's API server and its engine core are each one busy Python thread. On two H200s at 512 streams,
-the gateway sharing their CPUs cost 8 % of vLLM's tokens/s; with the gateway on a CPU of its own and
-vLLM on the others, the gateway's passes were 1.04× direct's (bench/gpu/results/serve-pin-h200-512).
+the gateway sharing their CPUs cost 8 % of vLLM's tokens/s; with the gateway, the load generator and
+vLLM each on CPUs of their own, the gateway's passes were 1.04× direct's
+(bench/gpu/results/serve-pin-h200-512).
 A one-worker gateway is one event loop, so one core is all it can use; ``workers`` N get N cores.
 
 The placement is set in the child between fork and exec (process.py), so every process and thread a
