@@ -13,18 +13,14 @@ from __future__ import annotations
 
 import contextlib
 import os
-from pathlib import Path
+
+from fleet_supervisor.cpus import physical_cores
 
 
 def cores() -> list[list[int]]:
     """The machine's CPUs, grouped by physical core (hyperthread siblings together). Not this
     process's affinity: after a pinned pass that is the client's core alone."""
-    seen: dict[str, list[int]] = {}
-    for cpu in range(os.cpu_count() or 1):
-        path = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list")
-        key = path.read_text().strip() if path.exists() else str(cpu)
-        seen.setdefault(key, []).append(cpu)
-    return sorted(seen.values())
+    return physical_cores(frozenset(range(os.cpu_count() or 1)))
 
 
 def plan(groups: list[list[int]]) -> dict[str, set[int]]:

@@ -98,13 +98,6 @@ def test_check_says_the_placement(tmp_path: Path, four_gpus: None, capsys: pytes
     assert "  cpus:    " in out and "auto:" in out
 
 
-def _cpus_of(pid: int) -> str:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("Cpus_allowed_list:"):
-            return line.split(":", 1)[1].strip()
-    raise AssertionError(f"no Cpus_allowed_list for {pid}")
-
-
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="placing needs two CPUs to tell them apart")
 def test_up_runs_the_gateway_and_every_instance_process_on_their_cpus_and_a_reload_keeps_them(
         tmp_path: Path, reaper: Reaper, up_procs: list[Up]) -> None:
@@ -118,13 +111,13 @@ def test_up_runs_the_gateway_and_every_instance_process_on_their_cpus_and_a_relo
     up_procs.append(up)
     children = {c["name"]: c["pid"] for c in up.wait_running(f"http://127.0.0.1:{metrics}")}
     wait_until(lambda: len(reaper.alive()) == 1 + 2 + 2, 10, "up, two children, two workers")
-    rest = span(allowed - {gateway_cpu})
-    assert _cpus_of(children["gateway"]) == str(gateway_cpu)
+    rest = allowed - {gateway_cpu}
+    assert os.sched_getaffinity(children["gateway"]) == {gateway_cpu}
     workers = [p for p in reaper.alive() if p not in (up.proc.pid, *children.values())]
     for pid in (children["a"], *workers):  # the forked workers inherit their parent's CPUs
-        assert _cpus_of(pid) == rest, pid
-    assert _cpus_of(up.proc.pid) == span(allowed), "up itself stays where it was started"
-    assert f"CPUs: gateway on {gateway_cpu}, instances on {rest} (gateway.cpus)" in up.output()
+        assert os.sched_getaffinity(pid) == rest, pid
+    assert os.sched_getaffinity(up.proc.pid) == allowed, "up itself stays where it was started"
+    assert f"CPUs: gateway on {gateway_cpu}, instances on {span(rest)} (gateway.cpus)" in up.output()
 
     # A reload restarts a changed instance; the gateway keeps its CPUs until the next `up`, so the
     # new instance keeps the rest rather than taking the gateway's.
@@ -135,4 +128,4 @@ def test_up_runs_the_gateway_and_every_instance_process_on_their_cpus_and_a_relo
     assert "gateway: changed in the file; it applies at the next start" in done.stdout
     after = {c["name"]: c["pid"] for c in up.instances(f"http://127.0.0.1:{metrics}")}
     assert after["a"] != children["a"] and after["gateway"] == children["gateway"]
-    assert _cpus_of(after["a"]) == rest
+    assert os.sched_getaffinity(after["a"]) == rest
