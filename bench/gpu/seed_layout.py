@@ -96,10 +96,18 @@ def overlay(planned: dict[str, Any], out: Path, rehearse: bool) -> dict[str, Any
     if rehearse:
         from socket import socket
 
+        given: set[int] = set()
+
         def free() -> int:
-            with socket() as s:
-                s.bind(("127.0.0.1", 0))
-                return int(s.getsockname()[1])
+            # Not one handed out already: the kernel may give the same ephemeral port to two binds
+            # in a row once the first socket is closed (as tests/support/procs.free_port knows).
+            while True:
+                with socket() as s:
+                    s.bind(("127.0.0.1", 0))
+                    port = int(s.getsockname()[1])
+                if port not in given:
+                    given.add(port)
+                    return port
 
         doc["vllm_command"] = ["python", str(REPO / "tests" / "fakes" / "fake_vllm.py")]
         doc["gateway"] = {"host": "127.0.0.1", "port": free()}
