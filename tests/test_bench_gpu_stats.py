@@ -92,6 +92,14 @@ def test_pin_plan_gives_each_part_whole_cores_of_its_own() -> None:
         pin.plan([[0, 1], [2, 3]])
 
 
+def test_client_core_is_the_last_and_up_gets_the_rest() -> None:
+    pin = _load("pin")
+    client, rest = pin.off_host([[0, 4], [1, 5], [2, 6], [3, 7]])
+    assert client == {3, 7} and rest == {0, 1, 2, 4, 5, 6}
+    with pytest.raises(SystemExit, match="3 physical cores"):
+        pin.off_host([[0, 1], [2, 3]])
+
+
 def test_pin_moves_every_thread_of_a_process() -> None:
     pin = _load("pin")
     # A real child with a second thread: both are moved, not only the main one.
@@ -120,3 +128,17 @@ def test_pinned_pairs_are_a_table_of_their_own(tmp_path: Path, capsys: pytest.Ca
     assert "CPUs pinned" in out
     lines = [x for x in out.splitlines() if x.startswith("| gateway | tokens/s")]
     assert [x.split("|")[6].strip() for x in lines] == ["0.90 (1)", "1.00 (1)"]
+
+
+def test_pairs_with_the_client_on_its_own_core_are_a_table_of_their_own(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    stats = _load("pair_stats")
+    cc = {"client_cpus": [15]}
+    f = tmp_path / "rows.json"
+    f.write_text(json.dumps([_row("direct", 0, 100.0), _row("gateway", 0, 90.0),
+                             {**_row("direct", 0, 100.0), **cc}, {**_row("gateway", 0, 110.0), **cc}]))
+    stats.main([str(f)])
+    out = capsys.readouterr().out
+    assert "the client on CPUs [15] of its own" in out
+    lines = [x for x in out.splitlines() if x.startswith("| gateway | tokens/s")]
+    assert [x.split("|")[6].strip() for x in lines] == ["0.90 (1)", "1.10 (1)"]

@@ -70,7 +70,8 @@ def _shape(row: dict[str, Any]) -> str:
     """The load's shape where it was not the closed loop of 128/128 (serve_pairs.py --range-ratio, --rate)."""
     r, q = row.get("range_ratio"), row.get("request_rate")
     return ((f", lengths 128 × [1 ± {r:g}]" if r else "") + (f", Poisson {q:g} requests/s" if q else "")
-            + (", CPUs pinned (pin.py)" if row.get("pin") else ""))
+            + (", CPUs pinned (pin.py)" if row.get("pin") else "")
+            + (f", the client on CPUs {row['client_cpus']} of its own" if row.get("client_cpus") else ""))
 
 
 def ratios(path: str, rows: list[dict[str, Any]]) -> None:

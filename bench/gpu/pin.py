@@ -31,6 +31,15 @@ def plan(groups: list[list[int]]) -> dict[str, set[int]]:
             "vllm": {c for g in groups[:-2] for c in g}}
 
 
+def off_host(groups: list[list[int]]) -> tuple[set[int], set[int]]:
+    """``start --client-core``: the last physical core for the load generator, the rest for ``up``,
+    which places the gateway and vLLM on them by its own default. The client then stands in for
+    one on another host: neither path's passes share a CPU with it (results/serve-auto-h200)."""
+    if len(groups) < 3:
+        raise SystemExit(f"--client-core needs 3 physical cores, this machine has {len(groups)}")
+    return set(groups[-1]), {c for g in groups[:-1] for c in g}
+
+
 def pin(pids: list[int], cpus: set[int]) -> int:
     """Every thread of ``pids`` onto ``cpus``; the threads moved (one that ended meanwhile is skipped)."""
     n = 0

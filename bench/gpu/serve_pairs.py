@@ -27,7 +27,10 @@ and after ``start --trace-vllm`` it also places each request's time (trace_join.
 pair_stats.py turns the rows into ratios with their intervals. ``run --pin`` runs each pair again
 right after it with the gateway, the client and vLLM on physical cores of their own (pin.py; tags
 "-pin"), and the target ``burn`` is a direct pass with burn.py keeping the gateway's share of a CPU
-busy: two ways to tell whether the gateway slows vLLM by sharing the host's CPUs.
+busy: two ways to tell whether the gateway slows vLLM by sharing the host's CPUs. ``start
+--client-core`` keeps the last physical core out of ``up``'s reach (``up`` places the gateway and
+vLLM on the rest by its default) and ``run`` puts the client there (tags "-cc"), as if it ran on
+another host.
 """
 
 from __future__ import annotations
@@ -51,7 +54,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_clients import shape_args
 from gpu_fleet import GW, base_fleet, bench, fleet_healthy, group, inst, instances, log, pgid, wait
-from pin import cores, pin, plan
+from pin import cores, off_host, pin, plan
 from tail_probe import SocketSampler, moved, snapshot, ttft_shape
 from trace_join import arrivals, join
 
@@ -59,6 +62,7 @@ DIRECT = "http://127.0.0.1:8001"
 TCP_RELAY = "http://127.0.0.1:8090"  # tcp_relay.py, the control for the TTFT tail (--targets)
 MODEL = "tiny"
 VLLM_TRACE = "vllm-trace.txt"
+CLIENT_CPUS = "client-cpus.json"  # start --client-core: the CPUs run keeps the client on
 KEYS = ("output_throughput", "median_ttft_ms", "p99_ttft_ms", "median_itl_ms", "mean_in_flight")
 Shape = tuple[float, float | None]  # the load's --range-ratio and --rate (bench_clients.shape_args)
 
@@ -68,7 +72,8 @@ def shape_tag(shape: Shape) -> str:
     return (f"-r{shape[0]:g}" if shape[0] else "") + (f"-q{shape[1]:g}" if shape[1] else "")
 
 
-def start(model_dir: str, w: Path, workers: int, trace_vllm: bool = False) -> dict[str, Any]:
+def start(model_dir: str, w: Path, workers: int, trace_vllm: bool = False,
+          client_core: bool = False) -> dict[str, Any]:
     fleet = {**base_fleet(w), "instances": [{**inst("a", model_dir, [0], [MODEL], 8001),
                                              "gpu_memory_utilization": 0.5}]}
     if trace_vllm:  # vllm_trace/sitecustomize.py in the instance: when it read each request
@@ -78,16 +83,20 @@ def start(model_dir: str, w: Path, workers: int, trace_vllm: bool = False) -> di
     fleet["gateway"]["workers"] = workers
     path = w / "fleet.yaml"
     path.write_text(yaml.safe_dump(fleet))
+    client, rest = off_host(cores()) if client_core else (None, None)
+    (w / CLIENT_CPUS).write_text(json.dumps(sorted(client) if client else None))
     fh = open(w / "up.log", "ab")  # noqa: SIM115 - handed to the child
     up = subprocess.Popen([sys.executable, "-m", "vllm_fleet.cli", "up", "-c", str(path)], stdout=fh,
-                          stderr=subprocess.STDOUT, start_new_session=True)
+                          stderr=subprocess.STDOUT, start_new_session=True,
+                          preexec_fn=(lambda: os.sched_setaffinity(0, rest)) if rest else None)
     (w / "up.pid").write_text(str(up.pid))
     took = wait(lambda: fleet_healthy(["a"]) and len(instances()) == 2, 420, "instance a in rotation")
     limits = httpx.get(GW + "/fleet", timeout=5).json()
     # `up` says where it placed the gateway and vLLM (gateway.cpus); plain passes run that way.
     placed = [line.split("CPUs: ", 1)[1] for line in (w / "up.log").read_text(errors="replace").splitlines()
               if "] CPUs: " in line]
-    return {"up_to_ready_s": round(took, 1), "fleet": limits, "cpus": placed[-1] if placed else None}
+    return {"up_to_ready_s": round(took, 1), "fleet": limits, "cpus": placed[-1] if placed else None,
+            "client_cpus": sorted(client) if client else None}
 
 
 def _samples(text: str) -> dict[str, float]:
@@ -176,6 +185,12 @@ def run(model_dir: str, w: Path, concs: list[int], passes: int, probe: bool = Fa
     (pin.py; tags "-pin"), so pinned and unpinned pairs alternate on one machine."""
     rows_path = w / "rows.json"
     rows: list[dict[str, Any]] = json.loads(rows_path.read_text()) if rows_path.exists() else []
+    client = json.loads((w / CLIENT_CPUS).read_text()) if (w / CLIENT_CPUS).exists() else None
+    if client and pin_too:
+        raise SystemExit("--pin places every process itself: start again without --client-core")
+    if client:  # this process, so the client processes it starts
+        os.sched_setaffinity(0, set(client))
+    cc = {"client_cpus": client} if client else {}
     try:
         for conc in concs:
             for p in range(passes):
@@ -183,9 +198,10 @@ def run(model_dir: str, w: Path, concs: list[int], passes: int, probe: bool = Fa
                 for pinned in (False, True) if pin_too else (False,):
                     placed = _pinned(pinned) if pin_too else None
                     for target in order:
-                        tag = f"c{conc}-k{clients}{shape_tag(shape)}{'-pin' if pinned else ''}-p{p}-{target}"
+                        where = ("-pin" if pinned else "") + ("-cc" if client else "")
+                        tag = f"c{conc}-k{clients}{shape_tag(shape)}{where}-p{p}-{target}"
                         rows.append({**one(model_dir, w, target, conc, tag, probe, clients, shape),
-                                     **({"pin": placed} if pinned else {})})
+                                     **({"pin": placed} if pinned else {}), **cc})
                         rows_path.write_text(json.dumps(rows, indent=1))
     finally:
         if pin_too:  # not after a SIGKILL or timeout's SIGTERM: then `run --pin --passes 0` unpins
@@ -194,7 +210,8 @@ def run(model_dir: str, w: Path, concs: list[int], passes: int, probe: bool = Fa
 
 
 def _shape(row: dict[str, Any]) -> str:
-    return shape_tag((row.get("range_ratio") or 0.0, row.get("request_rate"))) + ("-pin" if row.get("pin") else "")
+    return (shape_tag((row.get("range_ratio") or 0.0, row.get("request_rate"))) + ("-pin" if row.get("pin") else "")
+            + ("-cc" if row.get("client_cpus") else ""))
 
 
 def table(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -259,6 +276,8 @@ def main() -> None:
                     "requests/s in all, at most --conc in flight; default: a closed loop of --conc")
     ap.add_argument("--pin", action="store_true", help="run: each pair again with the gateway, the client and vLLM "
                     "on CPUs of their own (pin.py)")
+    ap.add_argument("--client-core", action="store_true", help="start: the last physical core kept from `up` "
+                    "for the client, which run puts there, as if on another host (pin.off_host)")
     ap.add_argument("--targets", default="direct,gateway", help="run: which, in order (tcp: tcp_relay.py on 8090; "
                     "burn: direct with burn.py beside it; "
                     "NAME:PORT any other server)")
@@ -266,7 +285,7 @@ def main() -> None:
     w = Path(a.out)
     w.mkdir(parents=True, exist_ok=True)
     if a.phase == "start":
-        res: Any = start(a.model_dir, w, a.workers, a.trace_vllm)
+        res: Any = start(a.model_dir, w, a.workers, a.trace_vllm, a.client_core)
     elif a.phase == "run":
         res = table(run(a.model_dir, w, a.conc, a.passes, a.probe, tuple(a.targets.split(",")), a.clients,
                         (a.range_ratio, a.rate), a.pin))

@@ -5,6 +5,7 @@
 #   bash bench/gpu/serve_run.sh run --conc 256 --passes 3   # interleaved direct/gateway passes
 #   bash bench/gpu/serve_run.sh run --conc 512 --passes 4 --pin   # each pair again on CPUs of their own
 #   bash bench/gpu/serve_run.sh run --conc 512 --passes 4 --targets direct,gateway,burn   # + CPU load, no relay
+#   bash bench/gpu/serve_run.sh start --client-core         # `up` on all but the last core, the client there
 #   bash bench/gpu/serve_run.sh stop                        # stop `up`, the table of medians and ratios
 set -uo pipefail
 . bench/gpu/kit.sh
