@@ -218,6 +218,30 @@ async def test_cancel_while_waiting_for_the_head_closes_the_connection(pool: Ups
         assert not origin.idle
 
 
+async def test_each_request_on_a_reused_connection_times_out_at_its_own_head_deadline(pool: UpstreamPool) -> None:
+    """A connection keeps one head timer across its requests (connection._arm_head): a request whose
+    deadline is earlier than the live timer's gets it moved; a later one gets it moved on when it fires."""
+    async def first_only(r: asyncio.StreamReader, w: asyncio.StreamWriter, n: int) -> bool:
+        if n == 1:
+            return await _ok(r, w, n)
+        await r.read()  # never answers the second; returns when the gateway gives up on it
+        return False
+
+    loop = asyncio.get_running_loop()
+    for first_s, second_s in ((5.0, 0.3), (0.2, 0.6)):
+        async with Server(first_only) as srv:
+            origin, request = pool.request(srv.url, b"/v1/x", b"", b"{}")
+            conn = await pool.send(origin, request, loop.time() + first_s)
+            conn.attach(lambda chunk: True)
+            assert await conn.body_end(5, loop.time() + 10)
+            pool.release(conn, origin)
+            start = loop.time()
+            with pytest.raises(TimeoutError):
+                await pool.send(origin, request, start + second_s)
+            assert second_s - 0.02 <= loop.time() - start < second_s + 0.3
+            assert conn.closed and srv.connections == 1
+
+
 async def test_close_mid_body_is_a_broken_response(pool: UpstreamPool) -> None:
     async def short(_: asyncio.StreamReader, w: asyncio.StreamWriter, n: int) -> bool:
         w.write(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\nonly this")
