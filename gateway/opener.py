@@ -34,9 +34,10 @@ _RETRYABLE = (ConnectFailed, ResetBeforeResponse)
 CLIENT_CLOSED = 499  # nginx's code for "client closed request", used as a metrics label only
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Outbound:
-    """What every leg of one client request sends, whichever replica it goes to."""
+    """What every leg of one client request sends, whichever replica it goes to. Not frozen, though
+    nothing changes it: a frozen dataclass's __init__ costs 0.5 µs more (object.__setattr__ per field)."""
 
     model: str
     target: bytes  # path and query
