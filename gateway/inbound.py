@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import json.scanner
 import os
 import re
 from collections.abc import Callable, Coroutine
@@ -135,7 +136,7 @@ def model_of(body: bytes, max_tokens_cap: int | None = None,
     """The ``model`` field and the parsed document, after checking the caps on the same parse (the
     one JSON parse per request); the body itself is forwarded as received, never re-encoded."""
     try:
-        doc = json.loads(body)
+        doc = _loads(body)
     except (ValueError, UnicodeDecodeError) as e:
         raise BadRequest(400, f"request body is not valid JSON: {e}", "invalid_json") from e
     if not isinstance(doc, dict):
@@ -149,6 +150,28 @@ def model_of(body: bytes, max_tokens_cap: int | None = None,
     if n_cap is not None:
         _cap(doc, "n", n_cap)
     return model, doc
+
+
+# What json.loads ends in: the default decoder's C scanner (typeshed types its argument as a
+# scanner, though CPython's own JSONDecoder builds it from a decoder).
+_scan = json.scanner.make_scanner(json.JSONDecoder())  # type: ignore[arg-type]
+
+
+def _loads(body: bytes) -> Any:
+    """``json.loads(body)``, without its Python layers (encoding detection, ``decode``,
+    ``raw_decode``: 2.4 µs against 1.0 µs for the bench's 106-byte body) for a body that starts
+    with ``{`` and is UTF-8 by json's own rule (``detect_encoding``: no BOM, no zero second byte).
+    Anything else, and every error, goes through ``json.loads``: same result, same message."""
+    if body[:1] == b"{" and body[1:2] != b"\x00":
+        try:
+            text = body.decode("utf-8", "surrogatepass")
+            doc, end = _scan(text, 0)
+        except (ValueError, StopIteration):
+            pass
+        else:
+            if end == len(text) or not text[end:].strip(" \t\n\r"):  # json's whitespace after the value
+                return doc
+    return json.loads(body)
 
 
 def _cap(doc: dict[str, object], field: str, cap: int) -> None:
