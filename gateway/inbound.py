@@ -195,11 +195,11 @@ class RequestIds:
     a random prefix per gateway process, then a counter."""
 
     def __init__(self) -> None:
-        self._prefix = os.urandom(8).hex()
+        self._prefix = os.urandom(8).hex().encode()
         self._count = itertools.count(1)
 
-    def new(self) -> str:
-        return f"{self._prefix}{next(self._count):016x}"
+    def new(self) -> bytes:
+        return b"%s%016x" % (self._prefix, next(self._count))
 
 
 def upstream_headers(scope: Scope, drop_auth: bool, upstream_key: bytes | None,
@@ -217,6 +217,6 @@ def upstream_headers(scope: Scope, drop_auth: bool, upstream_key: bytes | None,
             out += (name, b": ", value, b"\r\n")
     if upstream_key:
         out += (b"authorization: Bearer ", upstream_key, b"\r\n")
-    request_id = request_id or ids.new().encode()
+    request_id = request_id or ids.new()
     out += (b"x-request-id: ", request_id, b"\r\n")
     return b"".join(out), request_id

@@ -101,7 +101,7 @@ class GatewayMetrics:
                                          "The gateway's share of the splice gap: break seen -> continuation sent",
                                          ["model"], buckets=_SPLICE_BUCKETS, registry=r)
         self.tally = Tally(each_turn=self._mp_dir is not None)  # the request path's updates, batched
-        self._req: dict[tuple[str, str, str], Counter] = {}
+        self._req: dict[tuple[str, str, int | str], Counter] = {}
         self._dur: dict[str, Histogram] = {}
         self._ttfb: dict[str, Histogram] = {}
         self._in_flight: dict[str, Gauge] = {}
@@ -132,10 +132,10 @@ class GatewayMetrics:
         entry = CURRENT.get()
         if entry is not None:
             entry.model, entry.backend, entry.status = model, backend, code
-        key = (model, backend, str(code))
+        key = (model, backend, code)  # 200 and "200" are two keys of one child: the sums still add up
         child = self._req.get(key)
         if child is None:
-            child = self._req[key] = self.requests.labels(*key)
+            child = self._req[key] = self.requests.labels(model, backend, str(code))
         self.tally.inc(child)
 
     def decision(self, model: str, policy: str, reason: str) -> None:

@@ -80,7 +80,7 @@ class BackendPool:
         router = self.router(model)
         b, reason = router.choose(group, usable, hint, self.count)
         if self.on_decision is not None:
-            self.on_decision(model, router.policy.value, reason)
+            self.on_decision(model, router.label, reason)
         return b
 
     def affine(self, model: str) -> bool:

@@ -69,6 +69,7 @@ class Router:
         """``shared_index``: the workers' (prefixshare.py), used instead of an index of its own;
         ``turn``: the workers' turn counter (shared.turn_counter), used instead of its own."""
         self.policy = policy
+        self.label = policy.value  # the decision metric's label, per request (an enum's .value is a Python descriptor)
         self.load_factor = load_factor
         self.max_age = max_age
         self._turn = turn or itertools.count().__next__

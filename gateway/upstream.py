@@ -65,12 +65,17 @@ class UpstreamPool:
         on any failure (or cancel) the connection is closed."""
         conn = self._take_idle(origin)
         if conn is not None:
+            # _exchange's steps, inline: the path of nearly every request, one coroutine fewer.
+            conn.start(request)
             try:
-                return await self._exchange(conn, request, head_deadline)
-            except ResetBeforeResponse:
-                if conn.received:
+                await conn.response_head(head_deadline)
+            except BaseException as e:
+                conn.abort()
+                if not isinstance(e, ResetBeforeResponse) or conn.received:
                     raise
                 # A keep-alive connection closed under us before any byte came back: go again, fresh.
+            else:
+                return conn
         conn = await self._connect(origin)
         return await self._exchange(conn, request, head_deadline)
 
