@@ -11,12 +11,20 @@ syscall: the proxy sends a complete answer's head and body in one step. Otherwis
 out alone at the next loop turn, for example a stream whose first chunk is still to come. Bytes
 never change order: a held head is always written before anything written after it. Only *when* a
 head goes out changes, by one loop turn at most. Everything else passes straight through to
-uvicorn's own transport.
+uvicorn's own transport. The heads held in one loop step share one callback at its end (``_Heads``):
+a uvloop ``call_soon`` and its cancel per response cost about 0.9 µs.
+
+The protocol also keeps uvicorn's keep-alive timer across requests: uvicorn cancels it when a
+request's bytes arrive and makes a new one when its response ends, a libuv timer made, started,
+stopped and closed per request (about 1.7 µs). Here the timer stays; the connection is marked busy
+or idle since a time, and the timer, when it fires, closes the connection if it has been idle for
+the whole keep-alive timeout and otherwise waits out the rest: the same close, at the same moment.
 """
 
 from __future__ import annotations
 
 import asyncio
+import weakref
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as _UvicornHttpTools
@@ -24,30 +32,55 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as _UvicornH
 _HEAD = b"HTTP/1.1 "
 
 
+class _Heads:
+    """The connections of one loop that hold a head; one callback writes those still held."""
+
+    __slots__ = ("_held", "_loop")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._held: list[_HoldHead] = []
+
+    def hold(self, t: _HoldHead) -> None:
+        if not self._held:
+            # Runs after the step that holds this head (and after any other step already queued,
+            # whose heads it flushes too: each still after its own step).
+            self._loop.call_soon(self._flush)
+        self._held.append(t)
+
+    def _flush(self) -> None:
+        held, self._held = self._held, []
+        for t in held:
+            t._flush()  # a head that went out with its body is None by now: nothing to write
+
+
+_HEADS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Heads] = weakref.WeakKeyDictionary()
+
+
 class _HoldHead:
-    __slots__ = ("_flush_at", "_head", "_loop", "_t")
+    __slots__ = ("_head", "_heads", "_t")
 
     def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
         self._t = transport
-        self._loop = loop
+        heads = _HEADS.get(loop)
+        if heads is None:
+            heads = _HEADS[loop] = _Heads(loop)
+        self._heads = heads
         self._head: bytes | None = None
-        self._flush_at: asyncio.Handle | None = None
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         head = self._head
         if head is not None:
             self._head = None
-            if self._flush_at is not None:
-                self._flush_at.cancel()
             self._t.write(head + bytes(data))
         elif data[:9] == _HEAD:
             self._head = bytes(data)
-            self._flush_at = self._loop.call_soon(self._flush)
+            self._heads.hold(self)
         else:
             self._t.write(data)
 
     def _flush(self) -> None:
-        head, self._head, self._flush_at = self._head, None, None
+        head, self._head = self._head, None
         if head is not None and not self._t.is_closing():
             self._t.write(head)
 
@@ -76,7 +109,47 @@ class _HoldHead:
 
 
 class HttpToolsProtocol(_UvicornHttpTools):
-    """uvicorn's httptools protocol, writing a head and its immediate body together."""
+    """uvicorn's httptools protocol, writing a head and its immediate body together, with one
+    keep-alive timer per connection instead of one per request."""
+
+    _idle_since: float | None = None  # loop time the last response ended; None while a request is on
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(_HoldHead(transport, self.loop))  # type: ignore[arg-type]
+
+    def _unset_keepalive_if_required(self) -> None:
+        # uvicorn's cancels the timer (at a request's first bytes, at a response's end); here the
+        # connection is only marked busy and the timer, if any, stays for _keep_alive_check.
+        self._idle_since = None
+
+    def on_response_complete(self) -> None:
+        # uvicorn's (0.54), but for the keep-alive timer: armed only where none is running.
+        self.server_state.total_requests += 1
+        if self.transport.is_closing():
+            return
+        self._idle_since = None
+        self.flow.resume_reading()
+        if self.pipeline:
+            cycle, app = self.pipeline.pop()
+            self._start_asgi_task(cycle, app)
+        else:
+            self._idle_since = self.loop.time()
+            if self.timeout_keep_alive_task is None:
+                self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive, self._keep_alive_check)
+
+    def _keep_alive_check(self) -> None:
+        self.timeout_keep_alive_task = None
+        since = self._idle_since
+        if since is None:
+            return  # a request is on: its response's end arms the timer again
+        left = since + self.timeout_keep_alive - self.loop.time()
+        if left > 0:  # it went idle again after the timer was armed: wait out the rest
+            self.timeout_keep_alive_task = self.loop.call_later(left, self._keep_alive_check)
+        else:
+            self.timeout_keep_alive_handler()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        if self.timeout_keep_alive_task is not None:
+            self.timeout_keep_alive_task.cancel()  # as uvicorn's does (it did only where exc is None)
+            self.timeout_keep_alive_task = None
