@@ -1,0 +1,98 @@
+"""Two trees' gateways (and their uvicorn floors) in turn under one load generator: CPU per request
+at 64 concurrent, as run.py's ``conc`` phase, with the trees alternated pass by pass.
+
+run.py measures one tree, and on the 2-core VM its figure moved by ±15 % between runs of the same
+tree minutes apart, more than most changes to the request path. Here each pass measures every
+server within seconds of the others, so a slow stretch of the host falls on all of them alike,
+and the per-pass difference between the trees is what to read.
+
+    .venv/bin/python bench/compare/ab.py BASE_TREE NEW_TREE [--passes 8] [--requests 20000] [--floor]
+
+Each tree is a checkout (``git worktree add``) with its own ``gateway/``; the gateway starts there
+as run.py starts it (targets.gateway's config), the floor as floor.py's, with that tree's protocol.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+
+import loadgen
+from run import PROXY_CPU, SIDE_CPU, _run
+from targets import ROOT, TWO_CPUS, Proc, start_upstream
+
+from tests.support.procs import free_port
+
+
+def _gateway(tree: Path, work: Path, up: str) -> tuple[Proc, str]:
+    port = free_port()
+    cfg = work / "gateway.json"
+    cfg.write_text(json.dumps({"backend": "vllm", "served_models": ["m", "paced"],
+                               "vllm_instances": [{"host": up, "models": ["m", "paced"], "name": "up"}]}))
+    env = {"FLEET_HOST": "127.0.0.1", "FLEET_PORT": str(port), "FLEET_LOG_LEVEL": "warning",
+           "FLEET_HEALTH_INTERVAL_S": "5", "FLEET_ACCESS_LOG": "false"}
+    p = Proc("gateway", [sys.executable, "-m", "gateway", "-c", str(cfg)], work / "gateway.log", PROXY_CPU, env,
+             cwd=tree)
+    url = f"http://127.0.0.1:{port}"
+    p.wait_http(url + "/ready", 30)
+    return p, url
+
+
+def _floor(tree: Path, work: Path) -> tuple[Proc, str]:
+    port = free_port()
+    p = Proc("floor", [sys.executable, str(tree / "bench" / "compare" / "floor.py"), "--serve", str(port)],
+             work / "floor.log", PROXY_CPU, cwd=tree)
+    url = f"http://127.0.0.1:{port}"
+    p.wait_http(url + "/", 20, ok=lambda r: r.status_code == 200)
+    return p, url
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("base", type=Path)
+    ap.add_argument("new", type=Path)
+    ap.add_argument("--passes", type=int, default=8)
+    ap.add_argument("--requests", type=int, default=20000)
+    ap.add_argument("--floor", action="store_true", help="also each tree's uvicorn floor (floor.py's app)")
+    a = ap.parse_args()
+    if TWO_CPUS:
+        os.sched_setaffinity(0, {SIDE_CPU})
+    work = ROOT / "bench" / "results" / "compare-work"
+    work.mkdir(parents=True, exist_ok=True)
+    upstream, up_url = start_upstream(work, SIDE_CPU, 20.0)
+    runs = [(f"{kind} {name}", tree, kind) for kind in (("gateway", "floor") if a.floor else ("gateway",))
+            for name, tree in (("base", a.base.resolve()), ("new", a.new.resolve()))]
+    seen: dict[str, list[tuple[float, float]]] = {label: [] for label, _, _ in runs}
+    try:
+        for i in range(a.passes):
+            for label, tree, kind in runs if i % 2 == 0 else runs[::-1]:  # neither tree always goes first
+                p, url = _gateway(tree, work, up_url) if kind == "gateway" else _floor(tree, work)
+                try:
+                    _run(loadgen.requests(url, 2000, 64, 30))  # connections open, caches warm
+                    u0, s0 = p.cpu_split()
+                    r = _run(loadgen.requests(url, a.requests, 64, 60))
+                    u1, s1 = p.cpu_split()
+                finally:
+                    p.stop()
+                seen[label].append(((u1 - u0) / r.done * 1e6, (s1 - s0) / r.done * 1e6))
+                print(f"pass {i + 1}, {label}: {r.done} requests, {r.errors} errors, user {seen[label][-1][0]:.1f} µs, "
+                      f"system {seen[label][-1][1]:.1f} µs per request", flush=True)
+    finally:
+        upstream.stop()
+    for label, xs in seen.items():
+        print(f"{label}: median user {statistics.median(u for u, _ in xs):.1f}, system "
+              f"{statistics.median(s for _, s in xs):.1f}, all {statistics.median(u + s for u, s in xs):.1f} µs per "
+              f"request ({len(xs)} passes)")
+    for kind in {k for _, _, k in runs}:
+        d = [(n[0] + n[1]) - (b[0] + b[1]) for b, n in zip(seen[f"{kind} base"], seen[f"{kind} new"], strict=True)]
+        du = [n[0] - b[0] for b, n in zip(seen[f"{kind} base"], seen[f"{kind} new"], strict=True)]
+        print(f"{kind}, new - base per pass (all): {', '.join(f'{x:+.1f}' for x in d)}; "
+              f"median {statistics.median(d):+.1f} µs (user {statistics.median(du):+.1f})")
+
+
+if __name__ == "__main__":
+    main()
