@@ -21,6 +21,7 @@ HOP_BY_HOP = frozenset({
     b"transfer-encoding", b"upgrade", b"host", b"content-length", b"x-request-id",
     b"date", b"server",
 })
+_HOP_BY_HOP_AND_AUTH = HOP_BY_HOP | {b"authorization"}  # where the gateway's keys or its own upstream key apply
 # Only plain /v1 paths reach a backend: no '..', no empty segments, no scheme or host tricks.
 SAFE_PATH = re.compile(r"^/v1(/(?!\.\.?(?:/|$))[A-Za-z0-9_\-.:]+)+$")
 # vLLM's model-scoped POST endpoints outside /v1, routed by the body's ``model`` like the rest.
@@ -208,12 +209,11 @@ def upstream_headers(scope: Scope, drop_auth: bool, upstream_key: bytes | None,
     and the request id (the client's X-Request-ID, or a new one)."""
     out: list[bytes] = []
     request_id = b""
+    skip = _HOP_BY_HOP_AND_AUTH if drop_auth or upstream_key else HOP_BY_HOP  # one set lookup per header
     for name, value in scope["headers"]:
         if name == b"x-request-id":
             request_id = value[:200]
-        elif name in HOP_BY_HOP or (name == b"authorization" and (drop_auth or upstream_key)):
-            continue
-        else:
+        elif name not in skip:
             out += (name, b": ", value, b"\r\n")
     if upstream_key:
         out += (b"authorization: Bearer ", upstream_key, b"\r\n")
