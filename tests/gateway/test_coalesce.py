@@ -118,7 +118,9 @@ async def test_an_idle_connection_closes_a_keep_alive_timeout_after_its_last_ans
         for requests in ([0.0], [0.0, 0.1, 0.35, 0.6]):
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
             idle = await _closed_after(reader, writer, requests)
-            assert 0.28 <= idle < 0.5, (requests, idle)
+            # Not before the timeout; the upper bound only catches a connection never closed (a
+            # loaded CI host may be slow to run the timer, so it is wide).
+            assert 0.28 <= idle < 2.0, (requests, idle)
             writer.close()
     finally:
         server.should_exit = True

@@ -238,7 +238,9 @@ async def test_each_request_on_a_reused_connection_times_out_at_its_own_head_dea
             start = loop.time()
             with pytest.raises(TimeoutError):
                 await pool.send(origin, request, start + second_s)
-            assert second_s - 0.02 <= loop.time() - start < second_s + 0.3
+            # Not before its own deadline, and not at the first request's 5 s (the bound is wide for
+            # a loaded host).
+            assert second_s - 0.02 <= loop.time() - start < second_s + 2.0
             assert conn.closed and srv.connections == 1
 
 
