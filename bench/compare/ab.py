@@ -21,8 +21,8 @@ import statistics
 import sys
 from pathlib import Path
 
-import loadgen
-from run import PROXY_CPU, SIDE_CPU, _run
+from floor import one_pass
+from run import PROXY_CPU, SIDE_CPU
 from targets import ROOT, TWO_CPUS, Proc, start_upstream
 
 from tests.support.procs import free_port
@@ -71,14 +71,8 @@ def main() -> None:
         for i in range(a.passes):
             for label, tree, kind in runs if i % 2 == 0 else runs[::-1]:  # neither tree always goes first
                 p, url = _gateway(tree, work, up_url) if kind == "gateway" else _floor(tree, work)
-                try:
-                    _run(loadgen.requests(url, 2000, 64, 30))  # connections open, caches warm
-                    u0, s0 = p.cpu_split()
-                    r = _run(loadgen.requests(url, a.requests, 64, 60))
-                    u1, s1 = p.cpu_split()
-                finally:
-                    p.stop()
-                seen[label].append(((u1 - u0) / r.done * 1e6, (s1 - s0) / r.done * 1e6))
+                cpu, r = one_pass(p, url, a.requests)
+                seen[label].append(cpu)
                 print(f"pass {i + 1}, {label}: {r.done} requests, {r.errors} errors, user {seen[label][-1][0]:.1f} µs, "
                       f"system {seen[label][-1][1]:.1f} µs per request", flush=True)
     finally:

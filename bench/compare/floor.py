@@ -79,6 +79,19 @@ def _floor(work: Path, server: str = "uvicorn") -> tuple[Proc, str]:
     return p, url
 
 
+def one_pass(p: Proc, url: str, requests: int) -> tuple[tuple[float, float], loadgen.Result]:
+    """Warm-up, then ``requests`` at 64 concurrent against ``url``: ``p``'s user and system µs per
+    request, and the load's result. ``p`` is stopped after it, whatever happens."""
+    try:
+        _run(loadgen.requests(url, 2000, 64, 30))  # connections open, caches warm
+        u0, s0 = p.cpu_split()
+        r = _run(loadgen.requests(url, requests, 64, 60))
+        u1, s1 = p.cpu_split()
+    finally:
+        p.stop()
+    return ((u1 - u0) / r.done * 1e6, (s1 - s0) / r.done * 1e6), r
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--passes", type=int, default=5)
@@ -109,14 +122,8 @@ def main() -> None:
             for name in seen:
                 p, url = (gateway(work, up_url, PROXY_CPU, work)[:2] if name == "gateway"
                           else _floor(work, name.split()[0]))
-                try:
-                    _run(loadgen.requests(url, 2000, 64, 30))  # connections open, caches warm
-                    u0, s0 = p.cpu_split()
-                    r = _run(loadgen.requests(url, a.requests, 64, 60))
-                    u1, s1 = p.cpu_split()
-                finally:
-                    p.stop()
-                seen[name].append(((u1 - u0) / r.done * 1e6, (s1 - s0) / r.done * 1e6))
+                cpu, r = one_pass(p, url, a.requests)
+                seen[name].append(cpu)
                 print(f"pass {i + 1}, {name}: {r.done} requests, user {seen[name][-1][0]:.1f} µs, "
                       f"system {seen[name][-1][1]:.1f} µs per request", flush=True)
     finally:
