@@ -241,7 +241,12 @@ def test_four_workers_serve_their_queue_first_come_first_served(tmp_path: Path) 
 
         with ThreadPoolExecutor(10) as ex:
             assert list(ex.map(one, range(10))) == [200] * 10
-        assert sorted(done, key=done.__getitem__) == list(range(10)), done
+        # No request finished a slot's time (0.2 s) before one that came earlier. Two finishing
+        # together are allowed: on a stalled host a worker takes a slot it left to an older waiter
+        # after FIFO_GRACE_NS, and the workers' counts are not atomic, so the older one may run
+        # beside it (CI once: 3 done 0.3 ms before 2, both started as 1 ended).
+        overtaken = [(i, j) for i in range(10) for j in range(i + 1, 10) if done[j] < done[i] - 0.05]
+        assert not overtaken, (overtaken, done)
         assert queue_waits(gw) >= 9
     finally:
         gw.stop()
