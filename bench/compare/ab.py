@@ -15,40 +15,13 @@ as run.py starts it (targets.gateway's config), the floor as floor.py's, with th
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import sys
 from pathlib import Path
 
-from floor import one_pass
+from floor import one_pass, start_floor
 from run import PROXY_CPU, SIDE_CPU
-from targets import ROOT, TWO_CPUS, Proc, start_upstream
-
-from tests.support.procs import free_port
-
-
-def _gateway(tree: Path, work: Path, up: str) -> tuple[Proc, str]:
-    port = free_port()
-    cfg = work / "gateway.json"
-    cfg.write_text(json.dumps({"backend": "vllm", "served_models": ["m", "paced"],
-                               "vllm_instances": [{"host": up, "models": ["m", "paced"], "name": "up"}]}))
-    env = {"FLEET_HOST": "127.0.0.1", "FLEET_PORT": str(port), "FLEET_LOG_LEVEL": "warning",
-           "FLEET_HEALTH_INTERVAL_S": "5", "FLEET_ACCESS_LOG": "false"}
-    p = Proc("gateway", [sys.executable, "-m", "gateway", "-c", str(cfg)], work / "gateway.log", PROXY_CPU, env,
-             cwd=tree)
-    url = f"http://127.0.0.1:{port}"
-    p.wait_http(url + "/ready", 30)
-    return p, url
-
-
-def _floor(tree: Path, work: Path) -> tuple[Proc, str]:
-    port = free_port()
-    p = Proc("floor", [sys.executable, str(tree / "bench" / "compare" / "floor.py"), "--serve", str(port)],
-             work / "floor.log", PROXY_CPU, cwd=tree)
-    url = f"http://127.0.0.1:{port}"
-    p.wait_http(url + "/", 20, ok=lambda r: r.status_code == 200)
-    return p, url
+from targets import ROOT, TWO_CPUS, gateway, start_upstream
 
 
 def main() -> None:
@@ -70,7 +43,8 @@ def main() -> None:
     try:
         for i in range(a.passes):
             for label, tree, kind in runs if i % 2 == 0 else runs[::-1]:  # neither tree always goes first
-                p, url = _gateway(tree, work, up_url) if kind == "gateway" else _floor(tree, work)
+                p, url = (gateway(work, up_url, PROXY_CPU, work, cwd=tree)[:2] if kind == "gateway"
+                          else start_floor(work, tree=tree))
                 cpu, r = one_pass(p, url, a.requests)
                 seen[label].append(cpu)
                 print(f"pass {i + 1}, {label}: {r.done} requests, {r.errors} errors, user {seen[label][-1][0]:.1f} µs, "

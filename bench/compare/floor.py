@@ -70,10 +70,11 @@ def serve(port: int) -> None:
                 access_log=False, log_level="warning", proxy_headers=False, server_header=False)
 
 
-def _floor(work: Path, server: str = "uvicorn") -> tuple[Proc, str]:
+def start_floor(work: Path, server: str = "uvicorn", tree: Path = ROOT) -> tuple[Proc, str]:
+    """The floor's app served from the tree at ``tree`` (this one by default), with its protocol."""
     port = free_port()
-    p = Proc("floor", [sys.executable, __file__, "--serve", str(port), "--server", server], work / "floor.log",
-             PROXY_CPU)
+    p = Proc("floor", [sys.executable, str(tree / "bench" / "compare" / "floor.py"), "--serve", str(port),
+                       "--server", server], work / "floor.log", PROXY_CPU, cwd=tree)
     url = f"http://127.0.0.1:{port}"
     p.wait_http(url + "/", 20, ok=lambda r: r.status_code == 200)
     return p, url
@@ -121,7 +122,7 @@ def main() -> None:
         for i in range(a.passes):
             for name in seen:
                 p, url = (gateway(work, up_url, PROXY_CPU, work)[:2] if name == "gateway"
-                          else _floor(work, name.split()[0]))
+                          else start_floor(work, name.split()[0]))
                 cpu, r = one_pass(p, url, a.requests)
                 seen[name].append(cpu)
                 print(f"pass {i + 1}, {name}: {r.done} requests, user {seen[name][-1][0]:.1f} µs, "
