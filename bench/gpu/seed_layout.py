@@ -94,20 +94,10 @@ def overlay(planned: dict[str, Any], out: Path, rehearse: bool) -> dict[str, Any
                          "progress_interval_s": 15}
     doc["instances"] = [{**i, "vllm_args": [*i["vllm_args"], "--enforce-eager"]} for i in planned["instances"]]
     if rehearse:
-        from socket import socket
-
-        given: set[int] = set()
-
-        def free() -> int:
-            # Not one handed out already: the kernel may give the same ephemeral port to two binds
-            # in a row once the first socket is closed (as tests/support/procs.free_port knows).
-            while True:
-                with socket() as s:
-                    s.bind(("127.0.0.1", 0))
-                    port = int(s.getsockname()[1])
-                if port not in given:
-                    given.add(port)
-                    return port
+        # The tests' free_port: never the same port twice (the kernel may give one ephemeral port
+        # to two binds in a row). The rehearsal runs from the repository, which has tests/.
+        sys.path.insert(0, str(REPO))
+        from tests.support.procs import free_port as free
 
         doc["vllm_command"] = ["python", str(REPO / "tests" / "fakes" / "fake_vllm.py")]
         doc["gateway"] = {"host": "127.0.0.1", "port": free()}
