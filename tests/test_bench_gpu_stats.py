@@ -117,28 +117,21 @@ def test_pin_moves_every_thread_of_a_process() -> None:
         child.wait()
 
 
-def test_pinned_pairs_are_a_table_of_their_own(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(("placed", "says", "tps", "ratio"), [
+    ({"pin": {"cpus": {"gateway": [3]}}}, "CPUs pinned", 100.0, "1.00 (1)"),
+    ({"client_cpus": [15]}, "the client on CPUs [15] of its own", 110.0, "1.10 (1)"),
+])
+def test_pairs_placed_otherwise_are_a_table_of_their_own(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                          placed: dict[str, Any], says: str, tps: float,
+                                                          ratio: str) -> None:
+    """Pinned pairs (run --pin) and pairs with the client on a core of its own (start --client-core)
+    are not pooled with plain ones."""
     stats = _load("pair_stats")
-    pinned = {"pin": {"cpus": {"gateway": [3]}}}
     f = tmp_path / "rows.json"
-    f.write_text(json.dumps([_row("direct", 0, 100.0), _row("gateway", 0, 90.0),
-                             {**_row("direct", 0, 100.0), **pinned}, {**_row("gateway", 0, 100.0), **pinned}]))
+    f.write_text(json.dumps([_row("direct", 0, 100.0), _row("gateway", 0, 90.0), {**_row("direct", 0, 100.0), **placed},
+                             {**_row("gateway", 0, tps), **placed}]))
     stats.main([str(f)])
     out = capsys.readouterr().out
-    assert "CPUs pinned" in out
+    assert says in out
     lines = [x for x in out.splitlines() if x.startswith("| gateway | tokens/s")]
-    assert [x.split("|")[6].strip() for x in lines] == ["0.90 (1)", "1.00 (1)"]
-
-
-def test_pairs_with_the_client_on_its_own_core_are_a_table_of_their_own(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    stats = _load("pair_stats")
-    cc = {"client_cpus": [15]}
-    f = tmp_path / "rows.json"
-    f.write_text(json.dumps([_row("direct", 0, 100.0), _row("gateway", 0, 90.0),
-                             {**_row("direct", 0, 100.0), **cc}, {**_row("gateway", 0, 110.0), **cc}]))
-    stats.main([str(f)])
-    out = capsys.readouterr().out
-    assert "the client on CPUs [15] of its own" in out
-    lines = [x for x in out.splitlines() if x.startswith("| gateway | tokens/s")]
-    assert [x.split("|")[6].strip() for x in lines] == ["0.90 (1)", "1.10 (1)"]
+    assert [x.split("|")[6].strip() for x in lines] == ["0.90 (1)", ratio]
