@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import importlib
 import json
+import math
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -135,3 +137,23 @@ def test_pairs_placed_otherwise_are_a_table_of_their_own(tmp_path: Path, capsys:
     assert says in out
     lines = [x for x in out.splitlines() if x.startswith("| gateway | tokens/s")]
     assert [x.split("|")[6].strip() for x in lines] == ["0.90 (1)", ratio]
+
+
+def test_noise_pairs_only_passes_that_ran_back_to_back(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A/A pairs are two passes of one target adjacent in the file, in the order serve_pairs.py ran
+    them (direct, gateway, gateway, direct, direct…); a pass of another setting between two breaks
+    the pair."""
+    stats = _load("pair_stats")
+    f = tmp_path / "rows.json"
+    f.write_text(json.dumps([
+        _row("direct", 0, 100.0), _row("gateway", 0, 100.0), _row("gateway", 1, 110.0), _row("direct", 1, 100.0),
+        {**_row("direct", 9, 1.0), "conc": 256},  # another concurrency ran between: no pair across it
+        _row("direct", 2, 121.0), _row("gateway", 2, 121.0)]))
+    stats.main([str(f)])
+    line = [x for x in capsys.readouterr().out.splitlines() if x.startswith("| tokens/s |")][-1]  # 256's, then 512's
+    cells = [c.strip() for c in line.split("|")]
+    # One A/A pair only (gateway 100 then 110), so no sd; gateway ÷ direct: 1.0, 1.1, 1.0.
+    assert cells[2] == "— (1)"
+    sd = statistics.stdev([0.0, math.log(1.1), 0.0])
+    assert cells[3] == f"{sd:.3f} (3)"
+    assert cells[4] == f"{(1.645 * sd / 0.01) ** 2:,.0f} / {(1.645 * sd / 0.05) ** 2:,.0f}"

@@ -12,6 +12,11 @@ pairs' ratios (pairs resampled), the one to read when ``--pool`` mixes machines 
 and how many pairs' ratios are above 1 (a sign test needs no assumption about the spread).
 An interval that holds both 0.95 and 1.05 says the run cannot tell a 5 % difference.
 
+Under each table, for the two targeted measures: how far one pass moves from the next on its own.
+Two passes of the same target run back to back (A/A, e.g. direct at the end of pass 1 and the
+start of pass 2) spread as much as a gateway ÷ direct pair would with no gateway cost at all; the
+pairs' own spread then says about how many pairs a 90 % interval of ±1 % or ±5 % would take.
+
 Then, for passes with per-request timestamps (``--probe`` with a traced gateway or ``--trace-vllm``):
 the client's send → the server's read (``to_server`` for vLLM direct, ``to_gateway`` for the
 gateway), apart for a connection's first request, and the gateway's own stages.
@@ -20,6 +25,7 @@ gateway), apart for a connection's first request, and the gateway's own stages.
 from __future__ import annotations
 
 import json
+import math
 import random
 import re
 import statistics
@@ -74,6 +80,30 @@ def _shape(row: dict[str, Any]) -> str:
             + (f", the client on CPUs {row['client_cpus']} of its own" if row.get("client_cpus") else ""))
 
 
+def _log_sd(values: list[float]) -> str:
+    return f"{statistics.stdev(math.log(v) for v in values):.3f}" if len(values) > 1 else "—"
+
+
+def _needed(pairs: list[float], half: float) -> str:
+    """Pairs for a 90 % interval of ±``half`` around the pairs' mean log ratio (normal approximation)."""
+    return f"{(1.645 * statistics.stdev(math.log(v) for v in pairs) / half) ** 2:,.0f}" if len(pairs) > 1 else "—"
+
+
+def noise(group: list[dict[str, Any]]) -> None:
+    """A/A: rows adjacent in their file (``_i``, the order they ran in) with one target."""
+    at = {(r.get("_file", 0), r["_i"]): r for r in group}
+    print("\n| measure | spread of one pass to the next, A/A pairs: sd of log ratio (n) "
+          "| gateway ÷ direct pairs: sd (n) | pairs a 90 % interval of ±1 % / ±5 % would take |")
+    print("|---|---|---|---|")
+    for key, label in KEYS[:2]:
+        aa = [r[key] / nxt[key] for (f, i), r in at.items()
+              if (nxt := at.get((f, i + 1))) and nxt["target"] == r["target"]]
+        gw, base = _by_pass(group, "gateway", key), _by_pass(group, "direct", key)
+        pairs = [gw[p] / base[p] for p in gw if p in base]
+        print(f"| {label} | {_log_sd(aa)} ({len(aa)}) | {_log_sd(pairs)} ({len(pairs)}) "
+              f"| {_needed(pairs, 0.01)} / {_needed(pairs, 0.05)} |")
+
+
 def ratios(path: str, rows: list[dict[str, Any]]) -> None:
     rng = random.Random(21)
     for conc, k, shape in sorted({(r["conc"], r.get("clients", 1), _shape(r)) for r in rows}):
@@ -99,6 +129,7 @@ def ratios(path: str, rows: list[dict[str, Any]]) -> None:
                 print(f"| {t} | {label} | {cell} | {statistics.median(vals) / statistics.median(base.values()):.2f} "
                       f"| {lo:.2f}–{hi:.2f} | {statistics.median(pairs):.2f} ({len(pairs)}) | {plo:.2f}–{phi:.2f} "
                       f"| {sum(r > 1 for r in pairs)} of {len(pairs)} |")
+        noise(group)
 
 
 def _pq(p: dict[str, Any], k: str) -> str:
@@ -139,7 +170,7 @@ def main(args: list[str]) -> None:
     pooled: list[dict[str, Any]] = []
     for i, path in enumerate(paths):
         with open(path) as f:
-            rows = json.load(f)
+            rows = [{**r, "_i": i} for i, r in enumerate(json.load(f))]
         if pool:
             pooled += [{**r, "_file": i} for r in rows]
             continue
