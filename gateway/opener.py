@@ -45,6 +45,7 @@ class Outbound:
     request_id: bytes
     hint: Hint | None
     flight: Flight
+    loop: asyncio.AbstractEventLoop  # the request's: asyncio.get_running_loop() is a getpid(2) on 3.11
 
 
 @dataclass(slots=True)
@@ -84,7 +85,7 @@ class Opener:
     async def open(self, out: Outbound, body: bytes, tried: list[Backend], start: float, deadline: float) -> Leg:
         """A leg on a replica not in ``tried`` (each one tried is appended). ``start``: when this
         opening began, for the retry deadline. Raises OpenFailed, limiter.Rejected, or the cancel."""
-        loop = asyncio.get_running_loop()
+        loop = out.loop
         model = out.model
         retry_end = min(deadline, start + self.retry.deadline_s)
         attempts = 0

@@ -130,11 +130,14 @@ class Proxy:
         except Rejected as e:
             await self._busy(send, flight, e, model_label)
             return
-        task = asyncio.current_task()
+        # On CPython 3.11 asyncio.get_running_loop() and current_task() without a loop each make a
+        # getpid(2) (a check against fork): the loop once here serves this request's other uses.
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task(loop)
         assert task is not None
         flight.watch(receive, task)
         try:
-            await self._forward(scope, send, body, doc, model, hint, t0, flight)
+            await self._forward(scope, send, body, doc, model, hint, t0, flight, loop)
         except asyncio.CancelledError:
             if not flight.gone:
                 raise  # server shutdown, not the client: let it propagate
@@ -180,14 +183,14 @@ class Proxy:
         self.metrics.count(model_label, NO_BACKEND, 500)
 
     async def _forward(self, scope: Scope, send: Send, body: bytes, doc: dict[str, Any], model: str,
-                       hint: Hint | None, t0: float, flight: Flight) -> None:
+                       hint: Hint | None, t0: float, flight: Flight, loop: asyncio.AbstractEventLoop) -> None:
         headers, request_id = upstream_headers(scope, self._drop_auth, self._upstream_key, self._ids)
         target = scope["path"].encode()  # routable() allowed only ASCII; the query string goes as received
         if scope["query_string"]:
             target += b"?" + scope["query_string"]
-        start = asyncio.get_running_loop().time()
+        start = loop.time()
         deadline = start + self._total_s
-        out = Outbound(model, target, headers, request_id, hint, flight)
+        out = Outbound(model, target, headers, request_id, hint, flight, loop)
         tried: list[Backend] = []
         try:
             leg = await self.opener.open(out, body, tried, start, deadline)
