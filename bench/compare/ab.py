@@ -15,13 +15,12 @@ as run.py starts it (targets.gateway's config), the floor as floor.py's, with th
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 from pathlib import Path
 
 from floor import one_pass, start_floor
-from run import PROXY_CPU, SIDE_CPU
-from targets import ROOT, TWO_CPUS, gateway, start_upstream
+from run import PROXY_CPU, side_upstream
+from targets import gateway
 
 
 def main() -> None:
@@ -32,11 +31,7 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=20000)
     ap.add_argument("--floor", action="store_true", help="also each tree's uvicorn floor (floor.py's app)")
     a = ap.parse_args()
-    if TWO_CPUS:
-        os.sched_setaffinity(0, {SIDE_CPU})
-    work = ROOT / "bench" / "results" / "compare-work"
-    work.mkdir(parents=True, exist_ok=True)
-    upstream, up_url = start_upstream(work, SIDE_CPU, 20.0)
+    work, upstream, up_url = side_upstream()
     runs = [(f"{kind} {name}", tree, kind) for kind in (("gateway", "floor") if a.floor else ("gateway",))
             for name, tree in (("base", a.base.resolve()), ("new", a.new.resolve()))]
     seen: dict[str, list[tuple[float, float]]] = {label: [] for label, _, _ in runs}

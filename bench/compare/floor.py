@@ -14,7 +14,6 @@ and through its own RSGI interface (bench/README.md: granian's floor).
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import subprocess
 import sys
@@ -22,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import loadgen
-from run import PROXY_CPU, SIDE_CPU, _run
-from targets import ROOT, TWO_CPUS, Proc, gateway, start_upstream
+from run import PROXY_CPU, _run, side_upstream
+from targets import ROOT, Proc, gateway
 
 from tests.support.procs import free_port
 
@@ -108,11 +107,7 @@ def main() -> None:
         else:
             serve_granian(a.serve, a.server.removeprefix("granian-"))
         return
-    if TWO_CPUS:
-        os.sched_setaffinity(0, {SIDE_CPU})
-    work = ROOT / "bench" / "results" / "compare-work"
-    work.mkdir(parents=True, exist_ok=True)
-    upstream, up_url = start_upstream(work, SIDE_CPU, 20.0)
+    work, upstream, up_url = side_upstream()
     seen: dict[str, list[tuple[float, float]]] = {"uvicorn floor": [], "gateway": []}
     if a.granian:
         subprocess.run([sys.executable, "-m", "pip", "install", "-q", "granian==2.8.7"], check=True)

@@ -23,15 +23,14 @@ from pathlib import Path
 from typing import Any
 
 import loadgen
-from run import PROXY_CPU, SIDE_CPU, _run, pct
-from targets import ROOT, TWO_CPUS, Proc, start_upstream
-
-from tests.support.procs import free_port
+from run import PROXY_CPU, _run, pct, side_upstream
+from targets import ROOT
+from targets import gateway as start_gateway
 
 CPYTHON_YOUNG = 700
 
 
-def _serve(cfg: str, young: int, stats_path: str) -> None:
+def _serve(young: int, stats_path: str, rest: list[str]) -> None:
     """The gateway's own main, with its threshold set to ``young`` and every collection timed;
     SIGUSR2 starts counting afresh, SIGUSR1 writes the counts to ``stats_path``."""
     sys.path.insert(0, str(ROOT))
@@ -51,27 +50,14 @@ def _serve(cfg: str, young: int, stats_path: str) -> None:
     gc.callbacks.append(timed)
     signal.signal(signal.SIGUSR2, lambda *_: pauses.clear())
     signal.signal(signal.SIGUSR1, lambda *_: Path(stats_path).write_text(json.dumps(pauses)))
-    sys.argv = ["gateway", "-c", cfg]
+    sys.argv = ["gateway", *rest]
     sys.exit(main())
 
 
-def _gateway(work: Path, up: str, young: int) -> tuple[Proc, str, Path]:
-    port = free_port()
-    cfg, stats = work / "gateway.json", work / f"gc-{young}.json"
-    cfg.write_text(json.dumps({"backend": "vllm", "served_models": ["m", "paced"],
-                               "vllm_instances": [{"host": up, "models": ["m", "paced"], "name": "up"}]}))
-    env = {"FLEET_HOST": "127.0.0.1", "FLEET_PORT": str(port), "FLEET_LOG_LEVEL": "warning",
-           "FLEET_HEALTH_INTERVAL_S": "5", "FLEET_ACCESS_LOG": "false"}
-    argv = [sys.executable, str(Path(__file__).resolve()), "--serve", str(cfg), "--young", str(young),
-            "--stats", str(stats)]
-    p = Proc("gateway", argv, work / "gateway.log", PROXY_CPU, env)
-    url = f"http://127.0.0.1:{port}"
-    p.wait_http(url + "/ready", 30)
-    return p, url, stats
-
-
 def one(work: Path, up: str, young: int, phase: str, a: argparse.Namespace) -> str:
-    p, url, stats = _gateway(work, up, young)
+    stats = work / f"gc-{young}.json"
+    launcher = [sys.executable, str(Path(__file__).resolve()), "--serve", "--young", str(young), "--stats", str(stats)]
+    p, url, _ = start_gateway(work, up, PROXY_CPU, work, launcher=launcher)
     try:
         _run(loadgen.requests(url, 2000, 64, 30))  # connections open, caches warm
         os.kill(p.pid, signal.SIGUSR2)
@@ -105,21 +91,17 @@ def main() -> None:
     ap.add_argument("--passes", type=int, default=3)
     ap.add_argument("--requests", type=int, default=20000)
     ap.add_argument("--seconds", type=float, default=8.0, help="each paced pass")
-    ap.add_argument("--serve", help=argparse.SUPPRESS)
+    ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--young", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--stats", help=argparse.SUPPRESS)
-    a = ap.parse_args()
-    if a.serve:
-        _serve(a.serve, a.young, a.stats)
+    a, rest = ap.parse_known_args()
+    if a.serve:  # the gateway's own arguments follow (-c CONFIG)
+        _serve(a.young, a.stats, rest)
         return
-    import gateway.app
+    from gateway.app import YOUNG_GC_THRESHOLD
 
-    if TWO_CPUS:
-        os.sched_setaffinity(0, {SIDE_CPU})
-    work = ROOT / "bench" / "results" / "compare-work"
-    work.mkdir(parents=True, exist_ok=True)
-    upstream, up_url = start_upstream(work, SIDE_CPU, 20.0)
-    order = [CPYTHON_YOUNG, gateway.app.YOUNG_GC_THRESHOLD]
+    work, upstream, up_url = side_upstream()
+    order = [CPYTHON_YOUNG, YOUNG_GC_THRESHOLD]
     try:
         for i in range(a.passes):
             for phase in ("conc", "paced"):

@@ -43,6 +43,17 @@ from targets import CLK, ROOT, STARTERS, TWO_CPUS, Proc, Unavailable, gateway, s
 PROXY_CPU, SIDE_CPU = 0, 1
 
 
+def side_upstream(token_ms: float = 20.0) -> tuple[Path, Proc, str]:
+    """This process (the load generator) on SIDE_CPU where there are two, the work folder, and the
+    fake upstream started there: (work, the upstream, its URL)."""
+    if TWO_CPUS:
+        os.sched_setaffinity(0, {SIDE_CPU})
+    work = ROOT / "bench" / "results" / "compare-work"
+    work.mkdir(parents=True, exist_ok=True)
+    upstream, up_url = start_upstream(work, SIDE_CPU, token_ms)
+    return work, upstream, up_url
+
+
 @contextlib.contextmanager
 def upstream_and_gateway(work: Path, token_ms: float,
                          env: dict[str, str] | None = None) -> Iterator[tuple[Proc, str, str]]:

@@ -21,8 +21,8 @@ from collections import Counter
 from pathlib import Path
 
 import loadgen
-from run import PROXY_CPU, SIDE_CPU, _run
-from targets import ROOT, TWO_CPUS, Proc, _in_group, gateway, start_upstream, vllm_router
+from run import PROXY_CPU, _run, side_upstream
+from targets import ROOT, Proc, _in_group, gateway, vllm_router
 
 
 def _count(p: Proc, url: str, requests: int, out: Path) -> tuple[Counter[str], float, float, int]:
@@ -51,11 +51,7 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=20000)
     ap.add_argument("--passes", type=int, default=2)
     a = ap.parse_args()
-    if TWO_CPUS:
-        os.sched_setaffinity(0, {SIDE_CPU})
-    work = ROOT / "bench" / "results" / "compare-work"
-    work.mkdir(parents=True, exist_ok=True)
-    upstream, up_url = start_upstream(work, SIDE_CPU, 20.0)
+    work, upstream, up_url = side_upstream()
     try:
         for i in range(a.passes):
             for name in ("gateway", "vllm-router") if i % 2 == 0 else ("vllm-router", "gateway"):

@@ -149,16 +149,18 @@ def version(venv_bin: Path, dist: str) -> str:
 # Each starter: (work dir, upstream url, cpu, venvs dir) -> (Proc, base url, version string).
 
 def gateway(work: Path, up: str, cpu: int, _: Path, env: dict[str, str] | None = None,
-            cwd: Path = ROOT) -> tuple[Proc, str, str]:
+            cwd: Path = ROOT, launcher: Sequence[str] = ()) -> tuple[Proc, str, str]:
     """The gateway of the tree at ``cwd`` (the working tree's by default) in front of ``up``; ``env``
-    adds to or overrides its settings."""
+    adds to or overrides its settings; ``launcher``: the command that runs it, given ``-c CONFIG``
+    (``python -m gateway`` by default)."""
     port = free_port()
     cfg = work / "gateway.json"
     cfg.write_text(json.dumps({"backend": "vllm", "served_models": ["m", "paced"],
                                "vllm_instances": [{"host": up, "models": ["m", "paced"], "name": "up"}]}))
     env = {"FLEET_HOST": "127.0.0.1", "FLEET_PORT": str(port), "FLEET_LOG_LEVEL": "warning",
            "FLEET_HEALTH_INTERVAL_S": "5", "FLEET_ACCESS_LOG": "false", **(env or {})}
-    p = Proc("gateway", [sys.executable, "-m", "gateway", "-c", str(cfg)], work / "gateway.log", cpu, env, cwd)
+    argv = [*(launcher or (sys.executable, "-m", "gateway")), "-c", str(cfg)]
+    p = Proc("gateway", argv, work / "gateway.log", cpu, env, cwd)
     url = f"http://127.0.0.1:{port}"
     p.wait_http(url + "/ready", 30)
     return p, url, "working tree"
