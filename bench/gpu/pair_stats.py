@@ -170,7 +170,7 @@ def main(args: list[str]) -> None:
     pooled: list[dict[str, Any]] = []
     for i, path in enumerate(paths):
         with open(path) as f:
-            rows = [{**r, "_i": i} for i, r in enumerate(json.load(f))]
+            rows = [{**r, "_i": n} for n, r in enumerate(json.load(f))]  # the order they ran in
         if pool:
             pooled += [{**r, "_file": i} for r in rows]
             continue
