@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
+from collections.abc import Callable
 from pathlib import Path
 
-from floor import one_pass, start_floor
+from floor import passes, start_floor
 from run import PROXY_CPU, side_upstream
-from targets import gateway
+from targets import Proc, gateway
 
 
 def main() -> None:
@@ -32,25 +33,20 @@ def main() -> None:
     ap.add_argument("--floor", action="store_true", help="also each tree's uvicorn floor (floor.py's app)")
     a = ap.parse_args()
     work, upstream, up_url = side_upstream()
-    runs = [(f"{kind} {name}", tree, kind) for kind in (("gateway", "floor") if a.floor else ("gateway",))
-            for name, tree in (("base", a.base.resolve()), ("new", a.new.resolve()))]
-    seen: dict[str, list[tuple[float, float]]] = {label: [] for label, _, _ in runs}
+    kinds = ("gateway", "floor") if a.floor else ("gateway",)
+
+    def start(kind: str, tree: Path) -> Callable[[], tuple[Proc, str]]:
+        if kind == "gateway":
+            return lambda: gateway(work, up_url, PROXY_CPU, work, cwd=tree)[:2]
+        return lambda: start_floor(work, tree=tree)
+
+    starts = {f"{kind} {name}": start(kind, tree) for kind in kinds
+              for name, tree in (("base", a.base.resolve()), ("new", a.new.resolve()))}
     try:
-        for i in range(a.passes):
-            for label, tree, kind in runs if i % 2 == 0 else runs[::-1]:  # neither tree always goes first
-                p, url = (gateway(work, up_url, PROXY_CPU, work, cwd=tree)[:2] if kind == "gateway"
-                          else start_floor(work, tree=tree))
-                cpu, r = one_pass(p, url, a.requests)
-                seen[label].append(cpu)
-                print(f"pass {i + 1}, {label}: {r.done} requests, {r.errors} errors, user {seen[label][-1][0]:.1f} µs, "
-                      f"system {seen[label][-1][1]:.1f} µs per request", flush=True)
+        seen = passes(starts, a.passes, a.requests, alternate=True)  # neither tree always goes first
     finally:
         upstream.stop()
-    for label, xs in seen.items():
-        print(f"{label}: median user {statistics.median(u for u, _ in xs):.1f}, system "
-              f"{statistics.median(s for _, s in xs):.1f}, all {statistics.median(u + s for u, s in xs):.1f} µs per "
-              f"request ({len(xs)} passes)")
-    for kind in {k for _, _, k in runs}:
+    for kind in kinds:
         d = [(n[0] + n[1]) - (b[0] + b[1]) for b, n in zip(seen[f"{kind} base"], seen[f"{kind} new"], strict=True)]
         du = [n[0] - b[0] for b, n in zip(seen[f"{kind} base"], seen[f"{kind} new"], strict=True)]
         print(f"{kind}, new - base per pass (all): {', '.join(f'{x:+.1f}' for x in d)}; "

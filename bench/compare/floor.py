@@ -17,6 +17,7 @@ import argparse
 import statistics
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +93,26 @@ def one_pass(p: Proc, url: str, requests: int) -> tuple[tuple[float, float], loa
     return ((u1 - u0) / r.done * 1e6, (s1 - s0) / r.done * 1e6), r
 
 
+def passes(starts: dict[str, Callable[[], tuple[Proc, str]]], n: int, requests: int,
+           alternate: bool = False) -> dict[str, list[tuple[float, float]]]:
+    """``n`` passes of every server that ``starts`` starts, one after another (the order reversed
+    every other pass where ``alternate``): each one's user and system µs per request, printed as it
+    goes, then the medians."""
+    seen: dict[str, list[tuple[float, float]]] = {label: [] for label in starts}
+    order = list(starts)
+    for i in range(n):
+        for label in order if not alternate or i % 2 == 0 else order[::-1]:
+            (user, system), r = one_pass(*starts[label](), requests)
+            seen[label].append((user, system))
+            print(f"pass {i + 1}, {label}: {r.done} requests, {r.errors} errors, user {user:.1f} µs, "
+                  f"system {system:.1f} µs per request", flush=True)
+    for label, xs in seen.items():
+        print(f"{label}: median user {statistics.median(u for u, _ in xs):.1f}, system "
+              f"{statistics.median(s for _, s in xs):.1f}, all {statistics.median(u + s for u, s in xs):.1f} µs per "
+              f"request ({len(xs)} passes)")
+    return seen
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--passes", type=int, default=5)
@@ -108,25 +129,16 @@ def main() -> None:
             serve_granian(a.serve, a.server.removeprefix("granian-"))
         return
     work, upstream, up_url = side_upstream()
-    seen: dict[str, list[tuple[float, float]]] = {"uvicorn floor": [], "gateway": []}
+    starts: dict[str, Callable[[], tuple[Proc, str]]] = {
+        "uvicorn floor": lambda: start_floor(work), "gateway": lambda: gateway(work, up_url, PROXY_CPU, work)[:2]}
     if a.granian:
         subprocess.run([sys.executable, "-m", "pip", "install", "-q", "granian==2.8.7"], check=True)
-        seen["granian-asgi floor"] = []
-        seen["granian-rsgi floor"] = []
+        starts["granian-asgi floor"] = lambda: start_floor(work, "granian-asgi")
+        starts["granian-rsgi floor"] = lambda: start_floor(work, "granian-rsgi")
     try:
-        for i in range(a.passes):
-            for name in seen:
-                p, url = (gateway(work, up_url, PROXY_CPU, work)[:2] if name == "gateway"
-                          else start_floor(work, name.split()[0]))
-                cpu, r = one_pass(p, url, a.requests)
-                seen[name].append(cpu)
-                print(f"pass {i + 1}, {name}: {r.done} requests, user {seen[name][-1][0]:.1f} µs, "
-                      f"system {seen[name][-1][1]:.1f} µs per request", flush=True)
+        passes(starts, a.passes, a.requests)
     finally:
         upstream.stop()
-    for name, xs in seen.items():
-        print(f"{name}: median user {statistics.median(u for u, _ in xs):.1f} µs, "
-              f"system {statistics.median(s for _, s in xs):.1f} µs per request ({len(xs)} passes)")
 
 
 if __name__ == "__main__":
