@@ -94,6 +94,7 @@ class UpstreamConnection(asyncio.Protocol):
         """Until the response head is in; raises UpstreamError or TimeoutError (at ``deadline``)."""
         if not self.status and self.error is None:
             self._arm_head(deadline)
+            # _wait's steps, but no timer to cancel after: the head's timer outlives this wait.
             self._waiter = self.loop.create_future()
             try:
                 await self._waiter
