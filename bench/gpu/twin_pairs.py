@@ -1,0 +1,169 @@
+"""Issue 21's GPU benchmark with the direct and the gateway pass at the same time, on twin GPUs.
+
+    python3 bench/gpu/twin_pairs.py start --out W                 # two instances under `up`, left running
+    python3 bench/gpu/twin_pairs.py run --out W --conc 1024 --passes 6
+    python3 bench/gpu/twin_pairs.py stop --out W                  # stop `up`, then twin_stats.py's tables
+
+Why: on one GPU, direct vLLM alone moves 7–16 % in tokens/s from one pass to the next
+(results/serve-cc-h200), so a ±1 % answer by sequential pairs takes hundreds of them. Here two
+instances of the tiny model run under ``vllm-fleet up``, ``a`` on GPU 0 (port 8001, served
+``tiny-a``) and ``b`` on GPU 1 (8002, ``tiny-b``), with the gateway's defaults. Each pass runs two
+closed loops of ``--conc`` streams at once, each on a client core of its own that ``up`` does not
+use (window_client.py, one process each), measured over the same seconds:
+
+- ``gb``: direct to a, and through the gateway to b;
+- ``ga``: through the gateway to a, and direct to b (GPUs and client cores swapped);
+- ``aa``: direct to both, no gateway: how far two simultaneous sides differ with no gateway at all.
+
+Whatever the host does during a pass (its other tenants, clocks, the other instance) both sides
+see. Whatever differs between the GPUs a ``gb`` and the ``ga`` next to it cancel
+(twin_stats.py). What it does not show: an effect of the gateway's CPU use on vLLM that hits both
+instances alike (``up`` gives the gateway a core of its own, results/serve-pin-h200-512 measured
+that contention), and the gateway's queue at concurrency above an instance's ``max_num_seqs``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_clients import cpu_seconds
+from gpu_fleet import GW, base_fleet, fleet_healthy, inst, instances, wait
+from pin import cores
+from serve_pairs import stop
+from twin_stats import report
+
+HERE = Path(__file__).resolve().parent
+PORTS = {"a": 8001, "b": 8002}
+CLIENT_CPUS = "client-cpus.json"
+KINDS = ("gb", "ga", "aa")  # the order the passes cycle through
+_QUEUED = re.compile(r"^fleet_queue_wait_seconds_count\{[^}]*\} (\S+)$", re.M)
+_BUSY = re.compile(r"^vllm:num_requests_(?:running|waiting)\{[^}]*\} (\S+)$", re.M)
+
+
+def sides(kind: str) -> list[tuple[str, str, str]]:
+    """(path, base URL, served name) for each side of a pass, the first on client core 0."""
+    direct = {i: (f"direct:{i}", f"http://127.0.0.1:{p}", f"tiny-{i}") for i, p in PORTS.items()}
+    if kind == "aa":
+        return [direct["a"], direct["b"]]
+    gw = kind[1]
+    return [direct["b" if gw == "a" else "a"], (f"gateway:{gw}", GW, f"tiny-{gw}")]
+
+
+def start(model_dir: str, w: Path) -> dict[str, Any]:
+    fleet = {**base_fleet(w), "instances": [{**inst(i, model_dir, [n], [f"tiny-{i}"], p), "gpu_memory_utilization": 0.5}
+                                            for n, (i, p) in enumerate(PORTS.items())]}
+    path = w / "fleet.yaml"
+    path.write_text(yaml.safe_dump(fleet))
+    groups = cores()
+    if len(groups) < 4:
+        raise SystemExit(f"twin passes need 4 physical cores (2 clients, the gateway, vLLM), not {len(groups)}")
+    client = [groups[-2][0], groups[-1][0]]  # one CPU of each of the last two cores, out of `up`'s reach
+    rest = {c for g in groups[:-2] for c in g}
+    (w / CLIENT_CPUS).write_text(json.dumps(client))
+    fh = open(w / "up.log", "ab")  # noqa: SIM115 - handed to the child
+    up = subprocess.Popen([sys.executable, "-m", "vllm_fleet.cli", "up", "-c", str(path)], stdout=fh,
+                          stderr=subprocess.STDOUT, start_new_session=True,
+                          preexec_fn=lambda: os.sched_setaffinity(0, rest))
+    (w / "up.pid").write_text(str(up.pid))
+    took = wait(lambda: fleet_healthy(["a", "b"]) and len(instances()) == 3, 420, "instances a and b in rotation")
+    placed = [line.split("CPUs: ", 1)[1] for line in (w / "up.log").read_text(errors="replace").splitlines()
+              if "] CPUs: " in line]
+    return {"up_to_ready_s": round(took, 1), "fleet": httpx.get(GW + "/fleet", timeout=5).json(),
+            "cpus": placed[-1] if placed else None, "client_cpus": client}
+
+
+def _sum(pattern: re.Pattern[str], url: str) -> float:
+    return sum(float(v) for v in pattern.findall(httpx.get(url, timeout=10).text))
+
+
+def _drain(timeout: float = 60.0) -> float:
+    """Seconds until neither instance runs or holds a request (the last pass's streams aborted)."""
+    t = time.monotonic()
+    while time.monotonic() - t < timeout:
+        if all(_sum(_BUSY, f"http://127.0.0.1:{p}/metrics") == 0 for p in PORTS.values()):
+            break
+        time.sleep(0.5)
+    return round(time.monotonic() - t, 1)
+
+
+def one(model_dir: str, w: Path, kind: str, conc: int, n: int, clients: list[int],
+        timing: dict[str, float]) -> dict[str, Any]:
+    drained = _drain()
+    gw_pid = next((i["pid"] for name, i in instances().items() if name == "gateway"), None)
+    queued0, cpu0 = _sum(_QUEUED, GW + "/metrics"), cpu_seconds(gw_pid) if gw_pid else None
+    t0 = time.monotonic() + 3.0  # both clients import and connect before it
+    procs = []
+    for k, (path, base, served) in enumerate(sides(kind)):
+        cpu = clients[(k + n) % 2]  # the client cores swap every pass too
+        out = w / f"side-c{conc}-p{n}-{k}.json"
+        cmd = [sys.executable, str(HERE / "window_client.py"), "--base", base, "--model", served,
+               "--tokenizer", model_dir, "--conc", str(conc), "--t0", str(t0), "--seed", str(1000 * n + k),
+               "--out", str(out),
+               *(f"--{key}={v}" for key, v in timing.items())]
+        procs.append((path, cpu, out, subprocess.Popen(cmd, preexec_fn=lambda c=cpu: os.sched_setaffinity(0, {c}))))
+    row: dict[str, Any] = {"conc": conc, "pass": n, "kind": kind, "drain_s": drained, "sides": {}}
+    for path, cpu, out, proc in procs:
+        rc = proc.wait()
+        row["sides"][path] = {**(json.loads(out.read_text()) if rc == 0 else {"rc": rc}), "client_cpu": cpu}
+    span = time.monotonic() - t0
+    if gw_pid and cpu0 is not None and (cpu1 := cpu_seconds(gw_pid)) is not None:
+        row["gateway_cpu_share"] = round((cpu1 - cpu0) / span, 3)
+    row["queued"] = int(_sum(_QUEUED, GW + "/metrics") - queued0)
+    print(f"c{conc} p{n} {kind}: " + "; ".join(
+        f"{p} {s.get('output_throughput')} tok/s, TTFT p50 {s.get('median_ttft_ms')} ms, "
+        f"in flight {s.get('mean_in_flight')}"
+        for p, s in row["sides"].items()) + f"; queued {row['queued']}", flush=True)
+    return row
+
+
+def run(model_dir: str, w: Path, concs: list[int], passes: int, timing: dict[str, float]) -> list[dict[str, Any]]:
+    rows_path = w / "rows.json"
+    rows: list[dict[str, Any]] = json.loads(rows_path.read_text()) if rows_path.exists() else []
+    clients = json.loads((w / CLIENT_CPUS).read_text())
+    for conc in concs:
+        done = sum(1 for r in rows if r["conc"] == conc)  # a second run goes on with the cycle
+        for n in range(done, done + passes):
+            rows.append(one(model_dir, w, KINDS[n % len(KINDS)], conc, n, clients, timing))
+            rows_path.write_text(json.dumps(rows, indent=1))
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("phase", choices=["start", "run", "stop"])
+    ap.add_argument("--model-dir", default="/tmp/tiny-model")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--conc", type=int, nargs="+", default=[1024])
+    ap.add_argument("--passes", type=int, default=6, help="run: passes per concurrency, cycling gb, ga, aa")
+    ap.add_argument("--warmup", type=float, default=10.0, help="run: seconds of load before the window")
+    ap.add_argument("--window", type=float, default=30.0, help="run: seconds measured")
+    ap.add_argument("--tail", type=float, default=8.0, help="run: seconds of load after it, for late first tokens")
+    a = ap.parse_args()
+    w = Path(a.out)
+    w.mkdir(parents=True, exist_ok=True)
+    if a.phase == "start":
+        res: Any = start(a.model_dir, w)
+    elif a.phase == "run":
+        res = run(a.model_dir, w, a.conc, a.passes, {"warmup": a.warmup, "window": a.window, "tail": a.tail})
+        print(report(res))
+    else:
+        res = stop(w)
+        if (w / "rows.json").exists():
+            print(report(json.loads((w / "rows.json").read_text())))
+    (w / f"{a.phase}.json").write_text(json.dumps(res, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,192 @@
+"""One side of a twin pass (twin_pairs.py): a closed loop of ``--conc`` streams against one server,
+measured over a window of the monotonic clock that the other side measures over too.
+
+    python3 bench/gpu/window_client.py --base URL --model NAME --tokenizer DIR --conc 512 \
+        --t0 MONOTONIC --warmup 10 --window 30 --tail 10 --seed 1 --out side.json
+
+The load is ``vllm bench serve``'s random 128/128 ``--ignore-eos`` (its ``vllm`` backend:
+streamed ``/v1/completions``, each prompt random token ids decoded with the model's tokenizer, a
+new one per request so that no two share a cached prefix), as a closed loop: each of the streams
+sends its next request when its last one ends. What differs is when it is measured. ``vllm bench
+serve`` runs a number of prompts and the pass lasts as long as they take; here both sides of a
+twin pass start at ``t0`` and are measured over the same seconds [t0 + warmup, t0 + warmup +
+window), whatever their speed, so that the host's state at that time is common to both. The loop
+keeps running ``tail`` seconds past the window, so that requests sent late in the window get their
+first token under the same load; then every stream is closed (the server aborts them).
+
+Figures: output tokens/s (data events received inside the window ÷ its length; with ``--ignore-eos``
+and one token per event, as vLLM streams, events are tokens), TTFT p50/p99 of the requests sent
+inside the window (one still waiting at the end counts as the slowest), the gaps between a
+stream's events inside the window, requests in flight (their summed time inside the window ÷ its
+length), errors, and this process's CPU share over the window.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import resource
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+INPUT_LEN = OUTPUT_LEN = 128
+SPECIAL = 3  # the tiny tokenizer's <pad>, <s>, </s> (vllm_fleet/tinymodel.py): never drawn
+
+
+def pct(xs: list[float], q: float) -> float:
+    """numpy's default (linear) percentile, as ``vllm bench serve`` reports them."""
+    xs = sorted(xs)
+    pos = q / 100 * (len(xs) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+class Side:
+    """The window's tallies; every stamp is ``time.monotonic()``."""
+
+    def __init__(self, start: float, end: float) -> None:
+        self.start, self.end = start, end
+        self.tokens = 0
+        self.ttfts: list[float] = []
+        self.waiting: dict[int, float] = {}  # requests sent in the window, no first token yet: id -> sent
+        self.gaps: list[float] = []
+        self.busy = 0.0  # request-seconds inside the window
+        self.errors = 0
+        self.sent_in_window = 0
+
+    def inside(self, t: float) -> bool:
+        return self.start <= t < self.end
+
+    def overlap(self, a: float, b: float) -> float:
+        return max(0.0, min(b, self.end) - max(a, self.start))
+
+    def figures(self, until: float) -> dict[str, Any]:
+        span = self.end - self.start
+        # a request still without a first token at the end waited at least this long: the slowest
+        ttfts = self.ttfts + [until - sent for sent in self.waiting.values()]
+        return {"output_throughput": round(self.tokens / span, 1),
+                "median_ttft_ms": round(pct(ttfts, 50) * 1000, 1) if ttfts else None,
+                "p99_ttft_ms": round(pct(ttfts, 99) * 1000, 1) if ttfts else None,
+                "median_itl_ms": round(pct(self.gaps, 50) * 1000, 2) if self.gaps else None,
+                "mean_itl_ms": round(sum(self.gaps) / len(self.gaps) * 1000, 2) if self.gaps else None,
+                "mean_in_flight": round(self.busy / span, 1), "requests_in_window": self.sent_in_window,
+                "no_first_token": len(self.waiting), "errors": self.errors}
+
+
+def prompts(tokenizer_dir: str, seed: int) -> Iterator[str]:
+    """An endless run of prompts of ``INPUT_LEN`` tokens each, as vllm bench's random set makes them:
+    random ids (the specials left out) decoded. Decoded text does not encode back to as many ids
+    (the tiny tokenizer's merges make 158–215 of 128), so the ids are cut or topped up and the
+    round trip tried again, up to ten times."""
+    from tokenizers import Tokenizer  # the model's own; imported here, a few hundred ms
+
+    tok = Tokenizer.from_file(str(Path(tokenizer_dir) / "tokenizer.json"))
+    rng = random.Random(seed)
+    vocab = tok.get_vocab_size()
+    while True:
+        ids = [rng.randrange(SPECIAL, vocab) for _ in range(INPUT_LEN)]
+        for _ in range(10):
+            text = tok.decode(ids)
+            ids = tok.encode(text, add_special_tokens=False).ids
+            if len(ids) == INPUT_LEN:
+                break
+            ids = ids[:INPUT_LEN] + [rng.randrange(SPECIAL, vocab) for _ in range(INPUT_LEN - len(ids))]
+        yield text
+
+
+async def stream(http: aiohttp.ClientSession, url: str, body: dict[str, Any], rid: int, side: Side) -> None:
+    sent = time.monotonic()
+    counted = side.inside(sent)
+    if counted:
+        side.sent_in_window += 1
+        side.waiting[rid] = sent
+    last = None
+    try:
+        async with http.post(url, json=body) as resp:
+            if resp.status != 200:
+                side.errors += 1
+                side.waiting.pop(rid, None)
+                return
+            async for line in resp.content:
+                if not line.startswith(b"data: ") or line.startswith(b"data: [DONE]"):
+                    continue
+                now = time.monotonic()
+                if last is None:
+                    if counted:
+                        side.ttfts.append(now - sent)
+                        side.waiting.pop(rid, None)
+                elif side.inside(last) and side.inside(now):
+                    side.gaps.append(now - last)
+                if side.inside(now):
+                    side.tokens += 1
+                last = now
+    except aiohttp.ClientError:
+        side.errors += 1
+        side.waiting.pop(rid, None)
+    finally:
+        side.busy += side.overlap(sent, time.monotonic())
+
+
+async def loop(a: argparse.Namespace) -> dict[str, Any]:
+    side = Side(a.t0 + a.warmup, a.t0 + a.warmup + a.window)
+    stop = side.end + a.tail
+    texts = prompts(a.tokenizer, a.seed)
+    url = a.base.rstrip("/") + "/v1/completions"
+    ids = iter(range(1 << 62))
+
+    async def worker(http: aiohttp.ClientSession) -> None:
+        while time.monotonic() < stop:
+            body = {"model": a.model, "prompt": next(texts), "max_tokens": OUTPUT_LEN, "ignore_eos": True,
+                    "temperature": 0.0, "stream": True}
+            await stream(http, url, body, next(ids), side)
+
+    conn = aiohttp.TCPConnector(limit=0, force_close=False)
+    async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=None)) as http:
+        await asyncio.sleep(max(0.0, a.t0 - time.monotonic()))
+        cpu0 = _cpu()
+        tasks = [asyncio.create_task(worker(http)) for _ in range(a.conc)]
+        await asyncio.sleep(max(0.0, side.start - time.monotonic()))
+        t_cpu0 = _cpu()
+        await asyncio.sleep(max(0.0, side.end - time.monotonic()))
+        cpu_window = _cpu() - t_cpu0
+        await asyncio.sleep(max(0.0, stop - time.monotonic()))
+        until = time.monotonic()
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    return {**side.figures(until), "client_cpu_share": round(cpu_window / a.window, 3),
+            "client_cpu_s": round(_cpu() - cpu0, 2)}
+
+
+def _cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--base", required=True)
+    ap.add_argument("--model", required=True, help="the served model name to ask for")
+    ap.add_argument("--tokenizer", required=True, help="a model directory with tokenizer.json")
+    ap.add_argument("--conc", type=int, required=True)
+    ap.add_argument("--t0", type=float, required=True, help="time.monotonic() to start at (both sides alike)")
+    ap.add_argument("--warmup", type=float, default=10.0)
+    ap.add_argument("--window", type=float, default=30.0)
+    ap.add_argument("--tail", type=float, default=10.0)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args()
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)  # a socket per stream: 1,024 streams pass 1,024 files
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 65536)), hard))
+    Path(a.out).write_text(json.dumps(asyncio.run(loop(a)), indent=1))
+
+
+if __name__ == "__main__":
+    main()

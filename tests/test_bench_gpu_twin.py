@@ -1,0 +1,143 @@
+"""The twin-pass GPU benchmark's arithmetic (bench/gpu/twin_pairs.py, twin_stats.py, window_client.py):
+which path each side took, how swap pairs cancel a difference between the GPUs, which spreads are
+reported, and a side's window figures; then one real twin pass against two fake vLLMs and a gateway."""
+
+from __future__ import annotations
+
+import importlib
+import math
+import os
+import statistics
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+GPU_BENCH = Path(__file__).resolve().parent.parent / "bench" / "gpu"
+
+
+def _load(name: str) -> ModuleType:
+    sys.path.insert(0, str(GPU_BENCH))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(GPU_BENCH))
+
+
+def _side(tps: float, ttft: float = 100.0) -> dict[str, Any]:
+    return {"output_throughput": tps, "median_ttft_ms": ttft}
+
+
+def _pass(kind: str, a: float, b: float, gateway: float = 1.0) -> dict[str, Any]:
+    """Instance a serves ``a`` tokens/s, b ``b``; the gateway's side gets ``gateway`` × its instance's."""
+    if kind == "aa":
+        sides = {"direct:a": _side(a), "direct:b": _side(b)}
+    elif kind == "gb":
+        sides = {"direct:a": _side(a), "gateway:b": _side(b * gateway)}
+    else:
+        sides = {"direct:b": _side(b), "gateway:a": _side(a * gateway)}
+    return {"conc": 512, "kind": kind, "sides": sides, "queued": 0}
+
+
+def test_sides_swap_the_gpus_between_gb_and_ga() -> None:
+    sides = _load("twin_pairs").sides
+    assert [p for p, _, _ in sides("gb")] == ["direct:a", "gateway:b"]
+    assert [p for p, _, _ in sides("ga")] == ["direct:b", "gateway:a"]
+    assert [(p, m) for p, _, m in sides("aa")] == [("direct:a", "tiny-a"), ("direct:b", "tiny-b")]
+    # the gateway side asks the gateway for the instance's own name, so it lands on that GPU
+    assert sides("ga")[1][1:] == ("http://127.0.0.1:8080", "tiny-a")
+
+
+def test_swap_pairs_cancel_a_faster_gpu() -> None:
+    stats = _load("twin_stats")
+    # b is 20 % faster than a in every pass; the gateway costs 3 %. One pass alone reads 1.164 or
+    # 0.808; a gb with its ga reads the gateway's 0.97.
+    rows = [_pass("gb", 100, 120, 0.97), _pass("ga", 100, 120, 0.97), _pass("aa", 100, 120)]
+    assert stats.pass_ratio(rows[0], "output_throughput") == pytest.approx(1.2 * 0.97)
+    assert stats.pass_ratio(rows[1], "output_throughput") == pytest.approx(0.97 / 1.2)
+    assert stats.pass_ratio(rows[2], "output_throughput") == pytest.approx(1.2)
+    assert stats.swap_pairs(rows, "output_throughput") == [pytest.approx(0.97)]
+
+
+def test_swap_pairs_take_each_pass_once_and_skip_aa_between() -> None:
+    stats = _load("twin_stats")
+    rows = [_pass("gb", 100, 100, 0.9), _pass("aa", 100, 100), _pass("ga", 100, 100, 1.1),  # a pair across aa
+            _pass("ga", 100, 100, 1.0), _pass("ga", 100, 100, 0.8), _pass("gb", 100, 100, 0.8),  # the later ga
+            _pass("gb", 100, 100, 2.0)]  # left alone at the end: no pair
+    got = stats.swap_pairs(rows, "output_throughput")
+    assert got == [pytest.approx(math.sqrt(0.9 * 1.1)), pytest.approx(0.8)]
+
+
+def test_sequential_spread_follows_each_instance_served_direct() -> None:
+    stats = _load("twin_stats")
+    rows = [_pass("gb", 100, 999), _pass("ga", 999, 50), _pass("aa", 110, 55), _pass("gb", 121, 999)]
+    # a direct: 100, 110, 121; b direct: 50, 55
+    assert sorted(stats.sequential(rows, "output_throughput")) == pytest.approx([1.1, 1.1, 1.1])
+
+
+def test_report_lists_each_spread_and_the_pairs_it_would_take() -> None:
+    stats = _load("twin_stats")
+    rows = [_pass("gb", 100, 100, 0.95), _pass("ga", 100, 100, 0.95), _pass("aa", 100, 105),
+            _pass("gb", 100, 100, 1.05), _pass("ga", 100, 100, 1.05), _pass("aa", 100, 95)]
+    line = next(x for x in stats.report(rows).splitlines() if x.startswith("| tokens/s |"))
+    cells = [c.strip() for c in line.split("|")]
+    sd = statistics.stdev([math.log(0.95), math.log(1.05)])
+    assert cells[2].startswith("1.000 (0.950–1.050), 1 of 2")
+    assert cells[4] == f"{sd:.3f} (2)"
+    assert cells[5] == f"{statistics.stdev([math.log(1.05), math.log(0.95)]):.3f} (2)"
+    assert cells[7] == f"{(1.645 * sd / 0.01) ** 2:,.0f} / {(1.645 * sd / 0.05) ** 2:,.0f}"
+
+
+def test_window_counts_only_its_own_seconds() -> None:
+    side = _load("window_client").Side(10.0, 20.0)
+    assert side.overlap(5.0, 12.0) == 2.0
+    assert side.overlap(12.0, 25.0) == 8.0
+    assert side.overlap(21.0, 22.0) == 0.0
+    side.tokens, side.busy, side.sent_in_window = 500, 40.0, 3
+    side.ttfts = [0.1, 0.2]
+    side.waiting = {7: 19.0}  # sent at 19 s, no first token by the end at 24 s: 5 s, the slowest
+    f = side.figures(until=24.0)
+    assert f["output_throughput"] == 50.0
+    assert f["mean_in_flight"] == 4.0
+    assert f["median_ttft_ms"] == 200.0
+    assert f["p99_ttft_ms"] == pytest.approx(1000 * (0.2 + 0.98 * 4.8), abs=0.1)
+    assert f["no_first_token"] == 1
+
+
+def test_one_twin_pass_through_real_sockets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ``gb`` pass as twin_pairs.py runs it on the GPU machine, shrunk: two fake vLLMs stand in
+    for instances a and b, a real gateway routes ``tiny-b`` to b, and two window_client.py
+    processes measure the same seconds."""
+    from tests.support.procs import FakeVllm, Gateway, instances
+    from tests.support.real_vllm import TINY_MODEL_DIR
+    from vllm_fleet.tinymodel import make_tiny_model
+
+    twin = _load("twin_pairs")
+    procs: list[Any] = []
+    try:
+        a = FakeVllm(tmp_path, ["tiny-a"], "--fake-token-delay", "0.002", "--fake-tokens", "32")
+        procs.append(a)
+        b = FakeVllm(tmp_path, ["tiny-b"], "--fake-token-delay", "0.002", "--fake-tokens", "32")
+        procs.append(b)
+        gw = Gateway(tmp_path, instances(a, b))
+        procs.append(gw)
+        monkeypatch.setattr(twin, "PORTS", {"a": a.port, "b": b.port})
+        monkeypatch.setattr(twin, "GW", gw.url)
+        monkeypatch.setattr(twin, "instances", dict)  # no supervisor here: no gateway PID to read CPU from
+        cpu = sorted(os.sched_getaffinity(0))[0]
+        row = twin.one(make_tiny_model(str(TINY_MODEL_DIR)), tmp_path, "gb", 4, 0, [cpu, cpu],
+                       {"warmup": 0.5, "window": 1.5, "tail": 0.5})
+        # each side reached its own fake: b's requests came through the gateway, a's straight
+        served = (a.stats()["completed"], b.stats()["completed"])
+    finally:
+        for p in reversed(procs):
+            p.stop()
+    assert set(row["sides"]) == {"direct:a", "gateway:b"}
+    for side in row["sides"].values():
+        assert side["errors"] == 0, row
+        assert side["output_throughput"] > 0 and side["requests_in_window"] > 0, row
+        assert side["mean_in_flight"] == pytest.approx(4, abs=0.5), row
+    assert row["queued"] == 0
+    assert served[0] > 0 and served[1] > 0
