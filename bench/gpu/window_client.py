@@ -14,8 +14,9 @@ window), whatever their speed, so that the host's state at that time is common t
 keeps running ``tail`` seconds past the window, so that requests sent late in the window get their
 first token under the same load; then every stream is closed (the server aborts them).
 
-Figures: output tokens/s (data events received inside the window ÷ its length; with ``--ignore-eos``
-and one token per event, as vLLM streams, events are tokens), TTFT p50/p99 of the requests sent
+Figures: output tokens/s (tokens received inside the window ÷ its length, by vLLM's running
+``completion_tokens`` in each chunk, which it adds with ``continuous_usage_stats``; a server without
+it counts one per event), and how many tokens an event carried, TTFT p50/p99 of the requests sent
 inside the window (one still waiting at the end counts as the slowest), the gaps between a
 stream's events inside the window, requests in flight (their summed time inside the window ÷ its
 length), errors, and this process's CPU share over the window.
@@ -27,6 +28,7 @@ import argparse
 import asyncio
 import json
 import random
+import re
 import resource
 import time
 from collections.abc import Iterator
@@ -36,6 +38,9 @@ from typing import Any
 import aiohttp
 
 INPUT_LEN = OUTPUT_LEN = 128
+# vLLM's running count in each chunk (stream_options.continuous_usage_stats): a chunk may carry
+# several tokens once its API server falls behind the engine and merges deltas.
+_USED = re.compile(rb'"completion_tokens":\s*(\d+)')
 SPECIAL = 3  # the tiny tokenizer's <pad>, <s>, </s> (vllm_fleet/tinymodel.py): never drawn
 
 
@@ -54,6 +59,7 @@ class Side:
     def __init__(self, start: float, end: float) -> None:
         self.start, self.end = start, end
         self.tokens = 0
+        self.events = 0
         self.ttfts: list[float] = []
         self.waiting: dict[int, float] = {}  # requests sent in the window, no first token yet: id -> sent
         self.gaps: list[float] = []
@@ -76,6 +82,7 @@ class Side:
                 "p99_ttft_ms": round(pct(ttfts, 99) * 1000, 1) if ttfts else None,
                 "median_itl_ms": round(pct(self.gaps, 50) * 1000, 2) if self.gaps else None,
                 "mean_itl_ms": round(sum(self.gaps) / len(self.gaps) * 1000, 2) if self.gaps else None,
+                "tokens_per_event": round(self.tokens / self.events, 3) if self.events else None,
                 "mean_in_flight": round(self.busy / span, 1), "requests_in_window": self.sent_in_window,
                 "no_first_token": len(self.waiting), "errors": self.errors}
 
@@ -108,6 +115,7 @@ async def stream(http: aiohttp.ClientSession, url: str, body: dict[str, Any], ri
         side.sent_in_window += 1
         side.waiting[rid] = sent
     last = None
+    done = 0  # this stream's tokens so far
     try:
         async with http.post(url, json=body) as resp:
             if resp.status != 200:
@@ -117,6 +125,11 @@ async def stream(http: aiohttp.ClientSession, url: str, body: dict[str, Any], ri
             async for line in resp.content:
                 if not line.startswith(b"data: ") or line.startswith(b"data: [DONE]"):
                     continue
+                used = _USED.search(line)
+                new = int(used.group(1)) - done if used else 1
+                if new <= 0:  # the closing usage-only chunk
+                    continue
+                done += new
                 now = time.monotonic()
                 if last is None:
                     if counted:
@@ -125,7 +138,8 @@ async def stream(http: aiohttp.ClientSession, url: str, body: dict[str, Any], ri
                 elif side.inside(last) and side.inside(now):
                     side.gaps.append(now - last)
                 if side.inside(now):
-                    side.tokens += 1
+                    side.tokens += new
+                    side.events += 1
                 last = now
     except aiohttp.ClientError:
         side.errors += 1
@@ -144,7 +158,8 @@ async def loop(a: argparse.Namespace) -> dict[str, Any]:
     async def worker(http: aiohttp.ClientSession) -> None:
         while time.monotonic() < stop:
             body = {"model": a.model, "prompt": next(texts), "max_tokens": OUTPUT_LEN, "ignore_eos": True,
-                    "temperature": 0.0, "stream": True}
+                    "temperature": 0.0, "stream": True,
+                    "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
             await stream(http, url, body, next(ids), side)
 
     conn = aiohttp.TCPConnector(limit=0, force_close=False)
