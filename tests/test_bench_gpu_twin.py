@@ -90,12 +90,30 @@ def test_report_lists_each_spread_and_the_pairs_it_would_take() -> None:
     assert cells[7] == f"{(1.645 * sd / 0.01) ** 2:,.0f} / {(1.645 * sd / 0.05) ** 2:,.0f}"
 
 
+def test_sub_windows_split_each_aa_pass_by_seconds() -> None:
+    stats = _load("twin_stats")
+    a = [100, 100, 100, 100]
+    b = [110, 90, 100, 100]  # b ÷ a: 1.1, 0.9, 1, 1 by the second; 1.0, 1.0 by two; 1.0 whole
+    row = {"conc": 256, "kind": "aa", "sides": {"direct:a": {"tokens_each_second": a},
+                                                 "direct:b": {"tokens_each_second": b}}}
+    got = stats.sub_windows([row, {**row, "kind": "gb"}])  # only aa passes count
+    assert got[1] == pytest.approx([1.1, 0.9, 1.0, 1.0])
+    assert got[2] == pytest.approx([1.0, 1.0])
+    assert got[4] == pytest.approx([1.0])
+    assert 3 not in got  # 3 s does not divide the window
+    table = stats._sub_table([row])
+    assert table[1] == "| T, s | 1 | 2 |"  # T = 4: one piece, no spread
+    sd1 = statistics.stdev(math.log(x) for x in got[1])
+    assert table[3] == f"| sd of log ratio (n) | {sd1:.3f} (4) | 0.000 (2) |"
+
+
 def test_window_counts_only_its_own_seconds() -> None:
     side = _load("window_client").Side(10.0, 20.0)
     assert side.overlap(5.0, 12.0) == 2.0
     assert side.overlap(12.0, 25.0) == 8.0
     assert side.overlap(21.0, 22.0) == 0.0
     side.tokens, side.busy, side.sent_in_window = 500, 40.0, 3
+    assert side.per_second == [0] * 10
     side.ttfts = [0.1, 0.2]
     side.waiting = {7: 19.0}  # sent at 19 s, no first token by the end at 24 s: 5 s, the slowest
     f = side.figures(until=24.0)

@@ -12,7 +12,10 @@ flight:
 - three spreads, as the standard deviation of log ratios: the swap pairs'; ``aa`` passes' b ÷ a
   (two direct sides at once: the noise floor of this design); and one instance served direct in
   one pass ÷ the next pass it was served direct in, minutes apart (what sequential pairs face);
-- the swap pairs a 90 % interval of ±1 % or ±5 % would take at the swap pairs' spread.
+- the swap pairs a 90 % interval of ±1 % or ±5 % would take at the swap pairs' spread;
+- with each second's tokens in the rows (window_client.py since 2026-11-26): the ``aa`` passes'
+  b ÷ a over sub-windows of T seconds. A spread that falls as 1/√T (× √T constant) is noise a
+  longer window averages out; one that stays flat belongs to the pass, and only more passes help.
 """
 
 from __future__ import annotations
@@ -66,6 +69,30 @@ def sequential(rows: list[dict[str, Any]], key: str) -> list[float]:
     return out
 
 
+def sub_windows(rows: list[dict[str, Any]]) -> dict[int, list[float]]:
+    """T -> b ÷ a of tokens over each T-second piece of every ``aa`` pass's window (T dividing it)."""
+    series = [(a, b) for r in rows if r["kind"] == "aa"
+              and (a := r["sides"].get("direct:a", {}).get("tokens_each_second"))
+              and (b := r["sides"].get("direct:b", {}).get("tokens_each_second")) and len(a) == len(b)]
+    out: dict[int, list[float]] = {}
+    for a, b in series:
+        for t in (t for t in range(1, len(a) + 1) if len(a) % t == 0):
+            out.setdefault(t, []).extend(sum(b[i:i + t]) / sum(a[i:i + t]) for i in range(0, len(a), t)
+                                         if sum(a[i:i + t]) and sum(b[i:i + t]))
+    return out
+
+
+def _sub_table(group: list[dict[str, Any]]) -> list[str]:
+    subs = {t: v for t, v in sub_windows(group).items() if len(v) > 1}
+    if not subs:
+        return []
+    sds = {t: statistics.stdev(math.log(x) for x in v) for t, v in subs.items()}
+    return ["\naa passes, tokens/s b ÷ a over sub-windows of T s:\n",
+            "| T, s | " + " | ".join(map(str, sds)) + " |", "|---|" + "---|" * len(sds),
+            "| sd of log ratio (n) | " + " | ".join(f"{sd:.3f} ({len(subs[t])})" for t, sd in sds.items()) + " |",
+            "| sd × √T | " + " | ".join(f"{sd * math.sqrt(t):.3f}" for t, sd in sds.items()) + " |"]
+
+
 def report(rows: list[dict[str, Any]]) -> str:
     lines = []
     rng = random.Random(21)
@@ -98,6 +125,7 @@ def report(rows: list[dict[str, Any]]) -> str:
         if cpu and client:
             lines.append(f"\nGateway CPU over a pass: {min(cpu):.2f}–{max(cpu):.2f} of a core; each client over "
                          f"its window: {min(client):.2f}–{max(client):.2f}.")
+        lines += _sub_table(group)
     return "\n".join(lines)
 
 

@@ -18,8 +18,8 @@ Figures: output tokens/s (tokens received inside the window ÷ its length, by vL
 ``completion_tokens`` in each chunk, which it adds with ``continuous_usage_stats``; a server without
 it counts one per event), and how many tokens an event carried, TTFT p50/p99 of the requests sent
 inside the window (one still waiting at the end counts as the slowest), the gaps between a
-stream's events inside the window, requests in flight (their summed time inside the window ÷ its
-length), errors, and this process's CPU share over the window.
+stream's events inside the window, the tokens of each second of it, requests in flight (their
+summed time inside the window ÷ its length), errors, and this process's CPU share over the window.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import random
 import re
 import resource
@@ -60,6 +61,9 @@ class Side:
         self.start, self.end = start, end
         self.tokens = 0
         self.events = 0
+        # tokens in each second of the window: whether a longer window would narrow the spread
+        # (twin_stats.py's sub-windows)
+        self.per_second = [0] * max(1, math.ceil(end - start))
         self.ttfts: list[float] = []
         self.waiting: dict[int, float] = {}  # requests sent in the window, no first token yet: id -> sent
         self.gaps: list[float] = []
@@ -84,7 +88,7 @@ class Side:
                 "mean_itl_ms": round(sum(self.gaps) / len(self.gaps) * 1000, 2) if self.gaps else None,
                 "tokens_per_event": round(self.tokens / self.events, 3) if self.events else None,
                 "mean_in_flight": round(self.busy / span, 1), "requests_in_window": self.sent_in_window,
-                "no_first_token": len(self.waiting), "errors": self.errors}
+                "no_first_token": len(self.waiting), "errors": self.errors, "tokens_each_second": self.per_second}
 
 
 def prompts(tokenizer_dir: str, seed: int) -> Iterator[str]:
@@ -140,6 +144,7 @@ async def stream(http: aiohttp.ClientSession, url: str, body: dict[str, Any], ri
                 if side.inside(now):
                     side.tokens += new
                     side.events += 1
+                    side.per_second[int(now - side.start)] += new
                 last = now
     except aiohttp.ClientError:
         side.errors += 1
