@@ -4,7 +4,6 @@ pin.py's placement of the processes on CPUs."""
 
 from __future__ import annotations
 
-import importlib
 import json
 import math
 import os
@@ -13,20 +12,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 
-GPU_BENCH = Path(__file__).resolve().parent.parent / "bench" / "gpu"
-
-
-def _load(name: str) -> ModuleType:
-    sys.path.insert(0, str(GPU_BENCH))
-    try:
-        return importlib.import_module(name)
-    finally:
-        sys.path.remove(str(GPU_BENCH))
+from tests.support.bench_gpu import load as _load
 
 
 def _part(starts: list[float], ttft: float, gaps: int) -> dict[str, Any]:

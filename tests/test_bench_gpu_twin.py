@@ -4,26 +4,15 @@ reported, and a side's window figures; then one real twin pass against two fake 
 
 from __future__ import annotations
 
-import importlib
 import math
 import os
 import statistics
-import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 
-GPU_BENCH = Path(__file__).resolve().parent.parent / "bench" / "gpu"
-
-
-def _load(name: str) -> ModuleType:
-    sys.path.insert(0, str(GPU_BENCH))
-    try:
-        return importlib.import_module(name)
-    finally:
-        sys.path.remove(str(GPU_BENCH))
+from tests.support.bench_gpu import load as _load
 
 
 def _side(tps: float, ttft: float = 100.0) -> dict[str, Any]:

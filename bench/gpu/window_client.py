@@ -37,21 +37,13 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+from bench_clients import _pct as pct  # beside this file: run as a script
 
 INPUT_LEN = OUTPUT_LEN = 128
 # vLLM's running count in each chunk (stream_options.continuous_usage_stats): a chunk may carry
 # several tokens once its API server falls behind the engine and merges deltas.
 _USED = re.compile(rb'"completion_tokens":\s*(\d+)')
 SPECIAL = 3  # the tiny tokenizer's <pad>, <s>, </s> (vllm_fleet/tinymodel.py): never drawn
-
-
-def pct(xs: list[float], q: float) -> float:
-    """numpy's default (linear) percentile, as ``vllm bench serve`` reports them."""
-    xs = sorted(xs)
-    pos = q / 100 * (len(xs) - 1)
-    lo = int(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
 class Side:
