@@ -17,11 +17,12 @@ use (window_client.py, one process each), measured over the same seconds:
 
 Whatever the host does during a pass (its other tenants, clocks, the other instance), both sides
 see. A difference between the two GPUs cancels between a ``gb`` and the ``ga`` next to it
-(twin_stats.py's swap pairs). The answer (results/twin-h200x2): two direct sides in the same
-seconds still differ about as much as one instance from pass to pass, so that spread is each
-engine's own, not the host's. What this design does not show: an effect of the gateway's CPU use on vLLM that hits both
-instances alike (``up`` gives the gateway a core of its own, results/serve-pin-h200-512 measured
-that contention), and the gateway's queue at concurrency above an instance's ``max_num_seqs``.
+(twin_stats.py's swap pairs). The answer (results/twin-h200x2): running at once removes part
+of the tokens/s spread and none of TTFT's; two direct sides in the same seconds still differ by
+4–15 % and 11–22 %, each engine's own. What this design does not show: an effect of the
+gateway's CPU use on vLLM that hits both instances alike (``up`` gives the gateway a core of its
+own, results/serve-pin-h200-512 measured that contention), and the gateway's queue at concurrency
+above an instance's ``max_num_seqs``.
 """
 
 from __future__ import annotations
