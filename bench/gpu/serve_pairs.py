@@ -40,19 +40,17 @@ import contextlib
 import json
 import os
 import re
-import signal
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import httpx
-import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_clients import shape_args
+from detached_up import launch_up, placed, stop
 from gpu_fleet import GW, base_fleet, bench, fleet_healthy, group, inst, instances, log, pgid, wait
 from pin import cores, off_host, pin, plan
 from tail_probe import SocketSampler, moved, snapshot, ttft_shape
@@ -81,22 +79,12 @@ def start(model_dir: str, w: Path, workers: int, trace_vllm: bool = False,
         fleet["instances"][0]["env"] = {"PYTHONPATH": os.pathsep.join([here, os.environ.get("PYTHONPATH", "")]),
                                         "FLEET_TRACE_FILE": str(w / VLLM_TRACE)}
     fleet["gateway"]["workers"] = workers
-    path = w / "fleet.yaml"
-    path.write_text(yaml.safe_dump(fleet))
     client, rest = off_host(cores()) if client_core else (None, None)
     (w / CLIENT_CPUS).write_text(json.dumps(sorted(client) if client else None))
-    fh = open(w / "up.log", "ab")  # noqa: SIM115 - handed to the child
-    up = subprocess.Popen([sys.executable, "-m", "vllm_fleet.cli", "up", "-c", str(path)], stdout=fh,
-                          stderr=subprocess.STDOUT, start_new_session=True,
-                          preexec_fn=(lambda: os.sched_setaffinity(0, rest)) if rest else None)
-    (w / "up.pid").write_text(str(up.pid))
+    launch_up(w, fleet, rest)
     took = wait(lambda: fleet_healthy(["a"]) and len(instances()) == 2, 420, "instance a in rotation")
-    limits = httpx.get(GW + "/fleet", timeout=5).json()
-    # `up` says where it placed the gateway and vLLM (gateway.cpus); plain passes run that way.
-    placed = [line.split("CPUs: ", 1)[1] for line in (w / "up.log").read_text(errors="replace").splitlines()
-              if "] CPUs: " in line]
-    return {"up_to_ready_s": round(took, 1), "fleet": limits, "cpus": placed[-1] if placed else None,
-            "client_cpus": sorted(client) if client else None}
+    return {"up_to_ready_s": round(took, 1), "fleet": httpx.get(GW + "/fleet", timeout=5).json(),
+            "cpus": placed(w), "client_cpus": sorted(client) if client else None}
 
 
 def _samples(text: str) -> dict[str, float]:
@@ -238,21 +226,6 @@ def table(rows: list[dict[str, Any]]) -> dict[str, Any]:
                     entry[key][f"ratio_{t}" if t != "gateway" else "ratio"] = round(statistics.median(per[t]) / base, 3)
         res[(str(conc) if k == 1 else f"{conc}/k{k}") + shape] = entry
     return res
-
-
-def stop(w: Path) -> dict[str, Any]:
-    pid = int((w / "up.pid").read_text())
-    t = time.monotonic()
-    os.kill(pid, signal.SIGTERM)
-    while time.monotonic() - t < 120:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            break
-        time.sleep(0.2)
-    return {"stop_s": round(time.monotonic() - t, 1),
-            "nvidia_smi": subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv"],
-                                         capture_output=True, text=True).stdout}
 
 
 def main() -> None:

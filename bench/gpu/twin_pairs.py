@@ -38,13 +38,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_clients import cpu_seconds
+from detached_up import launch_up, placed, stop
 from gpu_fleet import GW, base_fleet, fleet_healthy, inst, instances, wait
 from pin import cores
-from serve_pairs import stop
 from twin_stats import report
 
 HERE = Path(__file__).resolve().parent
@@ -67,24 +66,15 @@ def sides(kind: str) -> list[tuple[str, str, str]]:
 def start(model_dir: str, w: Path) -> dict[str, Any]:
     fleet = {**base_fleet(w), "instances": [{**inst(i, model_dir, [n], [f"tiny-{i}"], p), "gpu_memory_utilization": 0.5}
                                             for n, (i, p) in enumerate(PORTS.items())]}
-    path = w / "fleet.yaml"
-    path.write_text(yaml.safe_dump(fleet))
     groups = cores()
     if len(groups) < 4:
         raise SystemExit(f"twin passes need 4 physical cores (2 clients, the gateway, vLLM), not {len(groups)}")
     client = [groups[-2][0], groups[-1][0]]  # one CPU of each of the last two cores, out of `up`'s reach
-    rest = {c for g in groups[:-2] for c in g}
     (w / CLIENT_CPUS).write_text(json.dumps(client))
-    fh = open(w / "up.log", "ab")  # noqa: SIM115 - handed to the child
-    up = subprocess.Popen([sys.executable, "-m", "vllm_fleet.cli", "up", "-c", str(path)], stdout=fh,
-                          stderr=subprocess.STDOUT, start_new_session=True,
-                          preexec_fn=lambda: os.sched_setaffinity(0, rest))
-    (w / "up.pid").write_text(str(up.pid))
+    launch_up(w, fleet, {c for g in groups[:-2] for c in g})
     took = wait(lambda: fleet_healthy(["a", "b"]) and len(instances()) == 3, 420, "instances a and b in rotation")
-    placed = [line.split("CPUs: ", 1)[1] for line in (w / "up.log").read_text(errors="replace").splitlines()
-              if "] CPUs: " in line]
     return {"up_to_ready_s": round(took, 1), "fleet": httpx.get(GW + "/fleet", timeout=5).json(),
-            "cpus": placed[-1] if placed else None, "client_cpus": client}
+            "cpus": placed(w), "client_cpus": client}
 
 
 def _sum(pattern: re.Pattern[str], url: str) -> float:
@@ -108,9 +98,10 @@ def one(model_dir: str, w: Path, kind: str, conc: int, n: int, clients: list[int
     queued0, cpu0 = _sum(_QUEUED, GW + "/metrics"), cpu_seconds(gw_pid) if gw_pid else None
     t0 = time.monotonic() + 3.0  # both clients import and connect before it
     procs = []
+    (w / "sides").mkdir(exist_ok=True)  # apart: a device call returns few files
     for k, (path, base, served) in enumerate(sides(kind)):
         cpu = clients[(k + n) % 2]  # the client cores swap every pass too
-        out = w / f"side-c{conc}-p{n}-{k}.json"
+        out = w / "sides" / f"c{conc}-p{n}-{k}.json"
         cmd = [sys.executable, str(HERE / "window_client.py"), "--base", base, "--model", served,
                "--tokenizer", model_dir, "--conc", str(conc), "--t0", str(t0), "--seed", str(1000 * n + k),
                "--out", str(out),
