@@ -79,21 +79,37 @@ def test_report_lists_each_spread_and_the_pairs_it_would_take() -> None:
     assert cells[7] == f"{(1.645 * sd / 0.01) ** 2:,.0f} / {(1.645 * sd / 0.05) ** 2:,.0f}"
 
 
-def test_sub_windows_split_each_aa_pass_by_seconds() -> None:
+def test_sub_windows_spread_each_pass_around_its_own_ratio() -> None:
     stats = _load("twin_stats")
     a = [100, 100, 100, 100]
     b = [110, 90, 100, 100]  # b ÷ a: 1.1, 0.9, 1, 1 by the second; 1.0, 1.0 by two; 1.0 whole
-    row = {"conc": 256, "kind": "aa", "sides": {"direct:a": {"tokens_each_second": a},
-                                                 "direct:b": {"tokens_each_second": b}}}
-    got = stats.sub_windows([row, {**row, "kind": "gb"}])  # only aa passes count
-    assert got[1] == pytest.approx([1.1, 0.9, 1.0, 1.0])
-    assert got[2] == pytest.approx([1.0, 1.0])
-    assert got[4] == pytest.approx([1.0])
-    assert 3 not in got  # 3 s does not divide the window
-    table = stats._sub_table([row])
-    assert table[1] == "| T, s | 1 | 2 |"  # T = 4: one piece, no spread
-    sd1 = statistics.stdev(math.log(x) for x in got[1])
-    assert table[3] == f"| sd of log ratio (n) | {sd1:.3f} (4) | 0.000 (2) |"
+    aa = {"conc": 256, "kind": "aa", "sides": {"direct:a": {"tokens_each_second": a},
+                                                "direct:b": {"tokens_each_second": b}}}
+    # a gateway pass twice as fast over the same seconds' noise: its level drops out, not its spread
+    gb = {"conc": 256, "kind": "gb", "sides": {"direct:a": {"tokens_each_second": a},
+                                                "gateway:b": {"tokens_each_second": [2 * x for x in b]}}}
+    assert stats.piece_ratios(gb, 1, "tokens/s") == pytest.approx([2.2, 1.8, 2.0, 2.0])
+    assert stats.piece_ratios(gb, 3, "tokens/s") == []  # 3 s does not divide the window
+    logs = [math.log(x) for x in (1.1, 0.9, 1.0, 1.0)]
+    mean = statistics.fmean(logs)
+    pooled = math.sqrt(2 * sum((x - mean) ** 2 for x in logs) / (8 - 2))  # 8 pieces, 2 passes' means
+    got = stats.sub_windows([aa, gb], "tokens/s")
+    assert got[1] == pytest.approx((pooled, 8))
+    assert got[2] == pytest.approx((0.0, 4))
+    assert 4 not in got  # one piece a pass: no spread within it
+    table = stats._sub_table([aa, gb])
+    assert table[1] == "| T, s | 1 | 2 |"
+    assert table[3] == f"| sd of log ratio (pieces) | {pooled:.3f} (8) | 0.000 (4) |"
+
+
+def test_sub_windows_take_ttft_p50_over_the_requests_of_each_piece() -> None:
+    stats = _load("twin_stats")
+    direct = [[100, 300], [200], [100], [100]]  # ms, by the second each request was sent in
+    gateway = [[110], [330, 330], [100], [100]]
+    row = {"kind": "ga", "sides": {"gateway:a": {"ttft_ms_each_second": gateway},
+                                   "direct:b": {"ttft_ms_each_second": direct}}}
+    assert stats.piece_ratios(row, 1, "TTFT p50") == pytest.approx([110 / 200, 330 / 200, 1.0, 1.0])
+    assert stats.piece_ratios(row, 2, "TTFT p50") == pytest.approx([330 / 200, 1.0])
 
 
 def test_window_counts_only_its_own_seconds() -> None:
@@ -111,6 +127,9 @@ def test_window_counts_only_its_own_seconds() -> None:
     assert f["median_ttft_ms"] == 200.0
     assert f["p99_ttft_ms"] == pytest.approx(1000 * (0.2 + 0.98 * 4.8), abs=0.1)
     assert f["no_first_token"] == 1
+    assert f["ttft_ms_each_second"][9] == [5000]  # the late one, by the second it was sent in
+    side.first_token(sent=10.5, now=10.75)
+    assert side.ttft_ms_each_second[0] == [250] and side.ttfts[-1] == 0.25
 
 
 def test_one_twin_pass_through_real_sockets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -146,5 +165,7 @@ def test_one_twin_pass_through_real_sockets(tmp_path: Path, monkeypatch: pytest.
         assert side["errors"] == 0, row
         assert side["output_throughput"] > 0 and side["requests_in_window"] > 0, row
         assert side["mean_in_flight"] == pytest.approx(4, abs=0.5), row
+        # every request sent in the window has its TTFT under the second it was sent in
+        assert sum(map(len, side["ttft_ms_each_second"])) == side["requests_in_window"], row
     assert row["queued"] == 0
     assert served[0] > 0 and served[1] > 0

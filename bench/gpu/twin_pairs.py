@@ -122,14 +122,15 @@ def one(model_dir: str, w: Path, kind: str, conc: int, n: int, clients: list[int
     return row
 
 
-def run(model_dir: str, w: Path, concs: list[int], passes: int, timing: dict[str, float]) -> list[dict[str, Any]]:
+def run(model_dir: str, w: Path, concs: list[int], passes: int, timing: dict[str, float],
+        kinds: list[str]) -> list[dict[str, Any]]:
     rows_path = w / "rows.json"
     rows: list[dict[str, Any]] = json.loads(rows_path.read_text()) if rows_path.exists() else []
     clients = json.loads((w / CLIENT_CPUS).read_text())
     for conc in concs:
         done = sum(1 for r in rows if r["conc"] == conc)  # a second run goes on with the cycle
         for n in range(done, done + passes):
-            rows.append(one(model_dir, w, KINDS[n % len(KINDS)], conc, n, clients, timing))
+            rows.append(one(model_dir, w, kinds[(n - done) % len(kinds)], conc, n, clients, timing))
             rows_path.write_text(json.dumps(rows, indent=1))
     return rows
 
@@ -140,7 +141,8 @@ def main() -> None:
     ap.add_argument("--model-dir", default="/tmp/tiny-model")
     ap.add_argument("--out", required=True)
     ap.add_argument("--conc", type=int, nargs="+", default=[1024])
-    ap.add_argument("--passes", type=int, default=6, help="run: passes per concurrency, cycling gb, ga, aa")
+    ap.add_argument("--passes", type=int, default=6, help="run: passes per concurrency, cycling through --kinds")
+    ap.add_argument("--kinds", default=",".join(KINDS), help="run: the kinds of pass to cycle through, in order")
     ap.add_argument("--warmup", type=float, default=10.0, help="run: seconds of load before the window")
     ap.add_argument("--window", type=float, default=30.0, help="run: seconds measured")
     ap.add_argument("--tail", type=float, default=8.0, help="run: seconds of load after it, for late first tokens")
@@ -150,7 +152,10 @@ def main() -> None:
     if a.phase == "start":
         res: Any = start(a.model_dir, w)
     elif a.phase == "run":
-        res = run(a.model_dir, w, a.conc, a.passes, {"warmup": a.warmup, "window": a.window, "tail": a.tail})
+        kinds = a.kinds.split(",")
+        if not kinds or set(kinds) - set(KINDS):
+            ap.error(f"--kinds: each of {', '.join(KINDS)}, not {a.kinds!r}")
+        res = run(a.model_dir, w, a.conc, a.passes, {"warmup": a.warmup, "window": a.window, "tail": a.tail}, kinds)
         print(report(res))
     else:
         res = stop(w)

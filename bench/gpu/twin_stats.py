@@ -13,9 +13,11 @@ flight:
   (two direct sides at once: the noise floor of this design); and one instance served direct in
   one pass ÷ the next pass it was served direct in, minutes apart (what sequential pairs face);
 - the swap pairs a 90 % interval of ±1 % or ±5 % would take at the swap pairs' spread;
-- with each second's tokens in the rows (window_client.py since 2026-11-26): the ``aa`` passes'
-  b ÷ a over sub-windows of T seconds. A spread that falls as 1/√T (× √T constant) is noise a
-  longer window averages out; one that stays flat belongs to the pass, and only more passes help.
+- with each second's tokens and TTFTs in the rows (window_client.py since 2026-11-26): every
+  pass's ratio over sub-windows of T seconds, around that pass's own ratio. A spread that falls as
+  1/√T (× √T constant) is noise a longer window averages out; then a whole window's ratio should
+  spread by the last T's figure × √(T / window). Swap pairs that spread more than that, pass to
+  pass, have a part that belongs to the pass, which only more passes average out.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import math
 import random
 import statistics
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -69,28 +72,75 @@ def sequential(rows: list[dict[str, Any]], key: str) -> list[float]:
     return out
 
 
-def sub_windows(rows: list[dict[str, Any]]) -> dict[int, list[float]]:
-    """T -> b ÷ a of tokens over each T-second piece of every ``aa`` pass's window (T dividing it)."""
-    series = [(a, b) for r in rows if r["kind"] == "aa"
-              and (a := r["sides"].get("direct:a", {}).get("tokens_each_second"))
-              and (b := r["sides"].get("direct:b", {}).get("tokens_each_second")) and len(a) == len(b)]
-    out: dict[int, list[float]] = {}
-    for a, b in series:
-        for t in (t for t in range(1, len(a) + 1) if len(a) % t == 0):
-            out.setdefault(t, []).extend(sum(b[i:i + t]) / sum(a[i:i + t]) for i in range(0, len(a), t)
-                                         if sum(a[i:i + t]) and sum(b[i:i + t]))
+PIECES = (1, 2, 3, 4, 6, 8, 12, 24, 30, 40, 60)  # sub-window lengths tried, those that divide the window
+# measure -> (what each side keeps per second, how one piece's seconds make its figure)
+BY_SECOND: dict[str, tuple[str, Callable[[list[Any]], float]]] = {
+    "tokens/s": ("tokens_each_second", sum),
+    "TTFT p50": ("ttft_ms_each_second", lambda secs: statistics.median(itertools.chain(*secs) or [0])),
+}
+
+
+def _num_den(row: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The sides whose ratio pass_ratio takes: gateway ÷ direct, or for ``aa`` b ÷ a."""
+    s = row["sides"]
+    if row["kind"] == "aa":
+        return s.get("direct:b", {}), s.get("direct:a", {})
+    return (next((v for p, v in s.items() if p.startswith("gateway")), {}),
+            next((v for p, v in s.items() if p.startswith("direct")), {}))
+
+
+def piece_ratios(row: dict[str, Any], t: int, measure: str) -> list[float]:
+    """The pass's ratio over each ``t``-second piece of its window, by each second's figures."""
+    field, fold = BY_SECOND[measure]
+    num, den = (side.get(field) for side in _num_den(row))
+    if not num or not den or len(num) != len(den) or len(num) % t:
+        return []
+    out = []
+    for i in range(0, len(num), t):
+        n, d = fold(num[i:i + t]), fold(den[i:i + t])
+        if n > 0 and d > 0:
+            out.append(n / d)
+    return out
+
+
+def sub_windows(rows: list[dict[str, Any]], measure: str) -> dict[int, tuple[float, int]]:
+    """T -> (the spread of a pass's ratio over T-second pieces around that pass's own mean, pooled
+    over passes as an sd of log ratios; how many pieces). Each pass's own level (the gateway's
+    effect, one GPU against the other) drops out: what is left is how far a T-second measurement
+    of one pass strays from the pass's own answer."""
+    out: dict[int, tuple[float, int]] = {}
+    for t in PIECES:
+        squares, pieces, passes = 0.0, 0, 0
+        for r in rows:
+            logs = [math.log(x) for x in piece_ratios(r, t, measure)]
+            if len(logs) > 1:
+                mean = statistics.fmean(logs)
+                squares += sum((x - mean) ** 2 for x in logs)
+                pieces, passes = pieces + len(logs), passes + 1
+        if pieces > passes:
+            out[t] = (math.sqrt(squares / (pieces - passes)), pieces)
     return out
 
 
 def _sub_table(group: list[dict[str, Any]]) -> list[str]:
-    subs = {t: v for t, v in sub_windows(group).items() if len(v) > 1}
-    if not subs:
-        return []
-    sds = {t: statistics.stdev(math.log(x) for x in v) for t, v in subs.items()}
-    return ["\naa passes, tokens/s b ÷ a over sub-windows of T s:\n",
-            "| T, s | " + " | ".join(map(str, sds)) + " |", "|---|" + "---|" * len(sds),
-            "| sd of log ratio (n) | " + " | ".join(f"{sd:.3f} ({len(subs[t])})" for t, sd in sds.items()) + " |",
-            "| sd × √T | " + " | ".join(f"{sd * math.sqrt(t):.3f}" for t, sd in sds.items()) + " |"]
+    lines: list[str] = []
+    for measure in BY_SECOND:
+        subs = sub_windows(group, measure)
+        if not subs:
+            continue
+        window = max(len(_num_den(r)[0].get(BY_SECOND[measure][0]) or []) for r in group)
+        last = max(subs)
+        pairs = swap_pairs(group, "output_throughput" if measure == "tokens/s" else "median_ttft_ms")
+        one = f"{statistics.stdev(map(math.log, pairs)) * math.sqrt(2):.3f}" if len(pairs) > 1 else "—"
+        lines += [f"\n{measure}, each pass's ratio over sub-windows of T s, around the pass's own ratio:\n",
+                  "| T, s | " + " | ".join(map(str, subs)) + " |", "|---|" + "---|" * len(subs),
+                  "| sd of log ratio (pieces) | " + " | ".join(f"{sd:.3f} ({n})" for sd, n in subs.values()) + " |",
+                  "| sd × √T | " + " | ".join(f"{sd * math.sqrt(t):.3f}" for t, (sd, _) in subs.items()) + " |",
+                  f"\nIf the {window} s window's pieces were independent, a pass's ratio would spread by "
+                  f"{subs[last][0] * math.sqrt(last / window):.3f} (from T = {last} s); "
+                  f"swap pairs' sd × √2, one pass's share: "
+                  f"{one} ({len(pairs)} pairs)."]
+    return lines
 
 
 def report(rows: list[dict[str, Any]]) -> str:

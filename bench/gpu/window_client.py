@@ -18,7 +18,8 @@ Figures: output tokens/s (tokens received inside the window ÷ its length, by vL
 ``completion_tokens`` in each chunk, which it adds with ``continuous_usage_stats``; a server without
 it counts one per event), and how many tokens an event carried, TTFT p50/p99 of the requests sent
 inside the window (one still waiting at the end counts as the slowest), the gaps between a
-stream's events inside the window, the tokens of each second of it, requests in flight (their
+stream's events inside the window, the tokens of each second of it and the TTFTs of the requests
+sent in each (twin_stats.py's sub-windows), requests in flight (their
 summed time inside the window ÷ its length), errors, and this process's CPU share over the window.
 """
 
@@ -57,6 +58,8 @@ class Side:
         # (twin_stats.py's sub-windows)
         self.per_second = [0] * max(1, math.ceil(end - start))
         self.ttfts: list[float] = []
+        # each TTFT by the second it was sent in (ms): the same question for TTFT p50
+        self.ttft_ms_each_second: list[list[int]] = [[] for _ in self.per_second]
         self.waiting: dict[int, float] = {}  # requests sent in the window, no first token yet: id -> sent
         self.gaps: list[float] = []
         self.busy = 0.0  # request-seconds inside the window
@@ -69,10 +72,17 @@ class Side:
     def overlap(self, a: float, b: float) -> float:
         return max(0.0, min(b, self.end) - max(a, self.start))
 
+    def first_token(self, sent: float, now: float) -> None:
+        self.ttfts.append(now - sent)
+        self.ttft_ms_each_second[int(sent - self.start)].append(round((now - sent) * 1000))
+
     def figures(self, until: float) -> dict[str, Any]:
         span = self.end - self.start
         # a request still without a first token at the end waited at least this long: the slowest
         ttfts = self.ttfts + [until - sent for sent in self.waiting.values()]
+        each = [list(s) for s in self.ttft_ms_each_second]
+        for sent in self.waiting.values():
+            each[int(sent - self.start)].append(round((until - sent) * 1000))
         return {"output_throughput": round(self.tokens / span, 1),
                 "median_ttft_ms": round(pct(ttfts, 50) * 1000, 1) if ttfts else None,
                 "p99_ttft_ms": round(pct(ttfts, 99) * 1000, 1) if ttfts else None,
@@ -80,7 +90,8 @@ class Side:
                 "mean_itl_ms": round(sum(self.gaps) / len(self.gaps) * 1000, 2) if self.gaps else None,
                 "tokens_per_event": round(self.tokens / self.events, 3) if self.events else None,
                 "mean_in_flight": round(self.busy / span, 1), "requests_in_window": self.sent_in_window,
-                "no_first_token": len(self.waiting), "errors": self.errors, "tokens_each_second": self.per_second}
+                "no_first_token": len(self.waiting), "errors": self.errors, "tokens_each_second": self.per_second,
+                "ttft_ms_each_second": each}
 
 
 def prompts(tokenizer_dir: str, seed: int) -> Iterator[str]:
@@ -129,7 +140,7 @@ async def stream(http: aiohttp.ClientSession, url: str, body: dict[str, Any], ri
                 now = time.monotonic()
                 if last is None:
                     if counted:
-                        side.ttfts.append(now - sent)
+                        side.first_token(sent, now)
                         side.waiting.pop(rid, None)
                 elif side.inside(last) and side.inside(now):
                     side.gaps.append(now - last)
