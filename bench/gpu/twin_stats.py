@@ -1,6 +1,6 @@
 """twin_pairs.py's rows as gateway ÷ direct ratios with their intervals, and how noisy each design is.
 
-    python3 bench/gpu/twin_stats.py W/rows.json [more rows.json ...]
+    python3 bench/gpu/twin_stats.py W/rows.json [more rows.json or rows.json.gz ...]
 
 Per concurrency, for tokens/s, TTFT p50/p99, the mean gap between tokens and the requests in
 flight:
@@ -22,6 +22,7 @@ flight:
 
 from __future__ import annotations
 
+import gzip
 import itertools
 import json
 import math
@@ -76,7 +77,7 @@ PIECES = (1, 2, 3, 4, 6, 8, 12, 24, 30, 40, 60)  # sub-window lengths tried, tho
 # measure -> (what each side keeps per second, how one piece's seconds make its figure)
 BY_SECOND: dict[str, tuple[str, Callable[[list[Any]], float]]] = {
     "tokens/s": ("tokens_each_second", sum),
-    "TTFT p50": ("ttft_ms_each_second", lambda secs: statistics.median(itertools.chain(*secs) or [0])),
+    "TTFT p50": ("ttft_ms_each_second", lambda secs: statistics.median(ms) if (ms := [*itertools.chain(*secs)]) else 0),
 }
 
 
@@ -180,7 +181,9 @@ def report(rows: list[dict[str, Any]]) -> str:
 
 
 def main(paths: list[str]) -> None:
-    rows = [r for p in paths for r in json.loads(Path(p).read_text())]
+    # a long run's rows (each request's TTFT) are kept gzipped in results/
+    rows = [r for p in paths for r in json.loads(gzip.decompress(Path(p).read_bytes()) if p.endswith(".gz")
+                                                 else Path(p).read_text())]
     print(report(rows))
 
 

@@ -56,7 +56,7 @@ class Side:
         self.events = 0
         # tokens in each second of the window: whether a longer window would narrow the spread
         # (twin_stats.py's sub-windows)
-        self.per_second = [0] * max(1, math.ceil(end - start))
+        self.per_second = [0] * max(1, math.ceil(end - start - 1e-6))  # 120 s, not 120.000001 s
         self.ttfts: list[float] = []
         # each TTFT by the second it was sent in (ms): the same question for TTFT p50
         self.ttft_ms_each_second: list[list[int]] = [[] for _ in self.per_second]
@@ -72,9 +72,12 @@ class Side:
     def overlap(self, a: float, b: float) -> float:
         return max(0.0, min(b, self.end) - max(a, self.start))
 
+    def second(self, t: float) -> int:
+        return min(int(t - self.start), len(self.per_second) - 1)
+
     def first_token(self, sent: float, now: float) -> None:
         self.ttfts.append(now - sent)
-        self.ttft_ms_each_second[int(sent - self.start)].append(round((now - sent) * 1000))
+        self.ttft_ms_each_second[self.second(sent)].append(round((now - sent) * 1000))
 
     def figures(self, until: float) -> dict[str, Any]:
         span = self.end - self.start
@@ -82,7 +85,7 @@ class Side:
         ttfts = self.ttfts + [until - sent for sent in self.waiting.values()]
         each = [list(s) for s in self.ttft_ms_each_second]
         for sent in self.waiting.values():
-            each[int(sent - self.start)].append(round((until - sent) * 1000))
+            each[self.second(sent)].append(round((until - sent) * 1000))
         return {"output_throughput": round(self.tokens / span, 1),
                 "median_ttft_ms": round(pct(ttfts, 50) * 1000, 1) if ttfts else None,
                 "p99_ttft_ms": round(pct(ttfts, 99) * 1000, 1) if ttfts else None,
@@ -147,7 +150,7 @@ async def stream(http: aiohttp.ClientSession, url: str, body: dict[str, Any], ri
                 if side.inside(now):
                     side.tokens += new
                     side.events += 1
-                    side.per_second[int(now - side.start)] += new
+                    side.per_second[side.second(now)] += new
                 last = now
     except aiohttp.ClientError:
         side.errors += 1
