@@ -169,3 +169,14 @@ def test_one_twin_pass_through_real_sockets(tmp_path: Path, monkeypatch: pytest.
         assert sum(map(len, side["ttft_ms_each_second"])) == side["requests_in_window"], row
     assert row["queued"] == 0
     assert served[0] > 0 and served[1] > 0
+
+
+def test_the_long_run_write_up_matches_its_rows(capsys: pytest.CaptureFixture[str]) -> None:
+    """twin-long-h200x2's README quotes twin_stats.py over its gzipped rows: the figures must be those."""
+    stats = _load("twin_stats")
+    stats.main([str(Path(__file__).resolve().parents[1] / "bench/gpu/results/twin-long-h200x2/rows.json.gz")])
+    out = capsys.readouterr().out
+    assert "| tokens/s | 1.007 (0.967–1.025), 3 of 4 |" in out
+    assert "| TTFT p50 | 1.063 (0.994–1.130), 2 of 4 |" in out
+    assert "would spread by 0.035 (from T = 60 s); swap pairs' sd × √2, one pass's share: 0.063 (4 pairs)" in out
+    assert "would spread by 0.106 (from T = 60 s); swap pairs' sd × √2, one pass's share: 0.103 (4 pairs)" in out
