@@ -6,9 +6,13 @@ the way the gateway is (uvloop, the gateway's httptools protocol, no access log)
 turn, the gateway in front of run.py's fake upstream; the load generator (64 concurrent, as
 run.py's conc phase) and the upstream on CPU 1. Prints user and system CPU µs per request of
 every pass, then the medians. ``--granian`` adds the same answer served by granian, through ASGI
-and through its own RSGI interface (bench/README.md: granian's floor).
+and through its own RSGI interface (bench/README.md: granian's floor). ``--raw`` adds the answer
+made by an asyncio protocol of its own on httptools and uvloop, with no ASGI at all, and the same
+with a task per request (what a proxy that awaits its upstream needs at least): how much a gateway
+with its own HTTP server under the proxy path could save at most. ``--router`` adds vllm-router
+0.1.17 in front of the same fake upstream, the baseline the saving is measured against.
 
-    .venv/bin/python bench/compare/floor.py [--passes 5] [--requests 20000] [--granian]
+    .venv/bin/python bench/compare/floor.py [--passes 5] [--requests 20000] [--granian] [--raw] [--router]
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from typing import Any
 
 import loadgen
 from run import PROXY_CPU, _run, side_upstream
-from targets import ROOT, Proc, gateway
+from targets import ROOT, Proc, gateway, vllm_router
 
 from tests.support.procs import free_port
 
@@ -59,6 +63,45 @@ def serve_granian(port: int, interface: str) -> None:
     target = "floor:app" if interface == "asgi" else "floor:rsgi_app"
     Granian(target, address="127.0.0.1", port=port, interface=interface, workers=1, runtime_threads=1,
             loop="uvloop", http="1", log_enabled=False, working_dir=Path(__file__).parent).serve()
+
+
+_RAW_ANSWER = b"HTTP/1.1 200 OK\r\n" + b"".join(k + b": " + v + b"\r\n" for k, v in _HEAD) + b"\r\n" + _BODY
+
+
+def serve_raw(port: int, per_request_task: bool) -> None:
+    """The floor without ASGI: the request parsed by httptools in the protocol's callbacks and the
+    answer written from them (keep-alive, as HTTP/1.1's default), or from a task made for each
+    request, as a proxy that awaits its upstream would need."""
+    import asyncio
+
+    import httptools
+    import uvloop
+
+    class RawFloor(asyncio.Protocol):
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            self.transport: Any = transport
+            self.parser = httptools.HttpRequestParser(self)
+
+        def data_received(self, data: bytes) -> None:
+            try:
+                self.parser.feed_data(data)
+            except httptools.HttpParserError:
+                self.transport.close()
+
+        def on_message_complete(self) -> None:
+            if per_request_task:
+                asyncio.get_running_loop().create_task(self.answer())
+            else:
+                self.transport.write(_RAW_ANSWER)
+
+        async def answer(self) -> None:
+            self.transport.write(_RAW_ANSWER)
+
+    async def main() -> None:
+        server = await asyncio.get_running_loop().create_server(RawFloor, "127.0.0.1", port, backlog=2048)
+        await server.serve_forever()
+
+    uvloop.run(main())
 
 
 def serve(port: int) -> None:
@@ -118,6 +161,8 @@ def main() -> None:
     ap.add_argument("--passes", type=int, default=5)
     ap.add_argument("--requests", type=int, default=20000)
     ap.add_argument("--granian", action="store_true", help="also the floor under granian (pip installs it)")
+    ap.add_argument("--raw", action="store_true", help="also the floor of an HTTP protocol of its own, no ASGI")
+    ap.add_argument("--router", action="store_true", help="also vllm-router in front of the fake upstream")
     ap.add_argument("--serve", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--server", default="uvicorn", help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -125,6 +170,8 @@ def main() -> None:
         sys.path.insert(0, str(ROOT))
         if a.server == "uvicorn":
             serve(a.serve)
+        elif a.server.startswith("raw"):
+            serve_raw(a.serve, per_request_task=a.server == "raw-task")
         else:
             serve_granian(a.serve, a.server.removeprefix("granian-"))
         return
@@ -135,6 +182,11 @@ def main() -> None:
         subprocess.run([sys.executable, "-m", "pip", "install", "-q", "granian==2.8.7"], check=True)
         starts["granian-asgi floor"] = lambda: start_floor(work, "granian-asgi")
         starts["granian-rsgi floor"] = lambda: start_floor(work, "granian-rsgi")
+    if a.raw:
+        starts["raw floor"] = lambda: start_floor(work, "raw")
+        starts["raw floor, a task per request"] = lambda: start_floor(work, "raw-task")
+    if a.router:
+        starts["vllm-router"] = lambda: vllm_router(work, up_url, PROXY_CPU, ROOT / "bench" / "results" / "venvs")[:2]
     try:
         passes(starts, a.passes, a.requests)
     finally:
