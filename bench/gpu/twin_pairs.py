@@ -22,10 +22,9 @@ of the tokens/s spread and none of TTFT's; two direct sides in the same seconds 
 4–15 % and 11–22 % over 24 s. Over 120 s (results/twin-long-h200x2) that spread turned out to
 be the load's waves (a fixed 128/128 closed loop starts and ends its requests together): TTFT
 p50's falls as 1/√T past about 12 s, tokens/s' keeps a part of its own in each pass. What this
-design does not show: an effect of the
-gateway's CPU use on vLLM that hits both instances alike (``up`` gives the gateway a core of its
-own, results/serve-pin-h200-512 measured that contention), and the gateway's queue at concurrency
-above an instance's ``max_num_seqs``.
+design does not show: an effect of the gateway's CPU use on vLLM that hits both instances alike
+(``up`` gives the gateway a core of its own, results/serve-pin-h200-512 measured that
+contention), and the gateway's queue at concurrency above an instance's ``max_num_seqs``.
 """
 
 from __future__ import annotations

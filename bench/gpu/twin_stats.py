@@ -39,14 +39,18 @@ KEYS = (("output_throughput", "tokens/s"), ("median_ttft_ms", "TTFT p50"), ("p99
         ("mean_itl_ms", "mean gap between tokens"), ("mean_in_flight", "requests in flight"))
 
 
-def pass_ratio(row: dict[str, Any], key: str) -> float | None:
-    """A ``gb``/``ga`` pass's gateway side ÷ its direct side, an ``aa`` pass's b ÷ a."""
+def _num_den(row: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A pass's two sides as the ratio takes them: gateway ÷ direct, or for ``aa`` b ÷ a."""
     s = row["sides"]
     if row["kind"] == "aa":
-        num, den = s.get("direct:b", {}).get(key), s.get("direct:a", {}).get(key)
-    else:
-        num = next((v.get(key) for p, v in s.items() if p.startswith("gateway")), None)
-        den = next((v.get(key) for p, v in s.items() if p.startswith("direct")), None)
+        return s.get("direct:b", {}), s.get("direct:a", {})
+    return (next((v for p, v in s.items() if p.startswith("gateway")), {}),
+            next((v for p, v in s.items() if p.startswith("direct")), {}))
+
+
+def pass_ratio(row: dict[str, Any], key: str) -> float | None:
+    """A ``gb``/``ga`` pass's gateway side ÷ its direct side, an ``aa`` pass's b ÷ a."""
+    num, den = (side.get(key) for side in _num_den(row))
     return num / den if num and den else None
 
 
@@ -79,15 +83,6 @@ BY_SECOND: dict[str, tuple[str, Callable[[list[Any]], float]]] = {
     "tokens/s": ("tokens_each_second", sum),
     "TTFT p50": ("ttft_ms_each_second", lambda secs: statistics.median(ms) if (ms := [*itertools.chain(*secs)]) else 0),
 }
-
-
-def _num_den(row: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The sides whose ratio pass_ratio takes: gateway ÷ direct, or for ``aa`` b ÷ a."""
-    s = row["sides"]
-    if row["kind"] == "aa":
-        return s.get("direct:b", {}), s.get("direct:a", {})
-    return (next((v for p, v in s.items() if p.startswith("gateway")), {}),
-            next((v for p, v in s.items() if p.startswith("direct")), {}))
 
 
 def piece_ratios(row: dict[str, Any], t: int, measure: str) -> list[float]:
