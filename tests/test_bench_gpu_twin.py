@@ -132,6 +132,22 @@ def test_window_counts_only_its_own_seconds() -> None:
     assert side.ttft_ms_each_second[0] == [250] and side.ttfts[-1] == 0.25
 
 
+def test_a_ramp_starts_the_streams_evenly_over_it() -> None:
+    delay = _load("window_client").start_delay
+    assert [delay(i, 4, 8.0) for i in range(4)] == [0.0, 2.0, 4.0, 6.0]
+    assert delay(3, 4, 0.0) == 0.0  # no ramp: all at t0, as vllm bench serve starts them
+
+
+def test_waves_find_a_load_that_repeats_every_request_life() -> None:
+    waves = _load("twin_stats").waves
+    wavy = [900 if i % 7 == 0 else 100 for i in range(120)]  # a burst every 7 s
+    _, top, lag, auto = waves(wavy)
+    assert lag == 7 and auto > 0.9 and top == pytest.approx(900 / statistics.fmean(wavy))
+    steady = [300 + (37 * i) % 11 for i in range(120)]  # no period between 2 and 15 s to speak of
+    assert waves(steady)[0] < 0.02
+    assert waves([5] * 10) is None  # too short to tell
+
+
 def test_one_twin_pass_through_real_sockets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A ``gb`` pass as twin_pairs.py runs it on the GPU machine, shrunk: two fake vLLMs stand in
     for instances a and b, a real gateway routes ``tiny-b`` to b, and two window_client.py
@@ -154,7 +170,7 @@ def test_one_twin_pass_through_real_sockets(tmp_path: Path, monkeypatch: pytest.
         monkeypatch.setattr(twin, "instances", dict)  # no supervisor here: no gateway PID to read CPU from
         cpu = sorted(os.sched_getaffinity(0))[0]
         row = twin.one(make_tiny_model(str(TINY_MODEL_DIR)), tmp_path, "gb", 4, 0, [cpu, cpu],
-                       {"warmup": 0.5, "window": 1.5, "tail": 0.5})
+                       {"warmup": 0.5, "window": 1.5, "tail": 0.5, "ramp": 0.2})
         # each side reached its own fake: b's requests came through the gateway, a's straight
         served = (a.stats()["completed"], b.stats()["completed"])
     finally:

@@ -109,7 +109,7 @@ def one(model_dir: str, w: Path, kind: str, conc: int, n: int, clients: list[int
                "--out", str(out),
                *(f"--{key}={v}" for key, v in timing.items())]
         procs.append((path, cpu, out, subprocess.Popen(cmd, preexec_fn=lambda c=cpu: os.sched_setaffinity(0, {c}))))
-    row: dict[str, Any] = {"conc": conc, "pass": n, "kind": kind, "drain_s": drained, "sides": {}}
+    row: dict[str, Any] = {"conc": conc, "pass": n, "kind": kind, "drain_s": drained, "timing": timing, "sides": {}}
     for path, cpu, out, proc in procs:
         rc = proc.wait()
         row["sides"][path] = {**(json.loads(out.read_text()) if rc == 0 else {"rc": rc}), "client_cpu": cpu}
@@ -148,6 +148,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=float, default=10.0, help="run: seconds of load before the window")
     ap.add_argument("--window", type=float, default=30.0, help="run: seconds measured")
     ap.add_argument("--tail", type=float, default=8.0, help="run: seconds of load after it, for late first tokens")
+    ap.add_argument("--ramp", type=float, default=0.0, help="run: seconds over which each side's streams start")
     a = ap.parse_args()
     w = Path(a.out)
     w.mkdir(parents=True, exist_ok=True)
@@ -157,7 +158,8 @@ def main() -> None:
         kinds = a.kinds.split(",")
         if not kinds or set(kinds) - set(KINDS):
             ap.error(f"--kinds: each of {', '.join(KINDS)}, not {a.kinds!r}")
-        res = run(a.model_dir, w, a.conc, a.passes, {"warmup": a.warmup, "window": a.window, "tail": a.tail}, kinds)
+        timing = {"warmup": a.warmup, "window": a.window, "tail": a.tail, "ramp": a.ramp}
+        res = run(a.model_dir, w, a.conc, a.passes, timing, kinds)
         print(report(res))
     else:
         res = stop(w)

@@ -14,6 +14,12 @@ window), whatever their speed, so that the host's state at that time is common t
 keeps running ``tail`` seconds past the window, so that requests sent late in the window get their
 first token under the same load; then every stream is closed (the server aborts them).
 
+``--ramp R`` starts the streams one by one over the first R seconds (stream i at t0 + R·i/conc)
+instead of all at t0. Streams that start together, each asking for exactly 128 tokens, end
+together and send their successors together: the load then moves in waves of one request's life
+for as long as it runs (results/twin-long-h200x2). Spread over at least one request's life, the
+streams' phases stay spread, as users' would; the concurrency in steady state is the same.
+
 Figures: output tokens/s (tokens received inside the window ÷ its length, by vLLM's running
 ``completion_tokens`` in each chunk, which it adds with ``continuous_usage_stats``; a server without
 it counts one per event), and how many tokens an event carried, TTFT p50/p99 of the requests sent
@@ -159,6 +165,11 @@ async def stream(http: aiohttp.ClientSession, url: str, body: dict[str, Any], ri
         side.busy += side.overlap(sent, time.monotonic())
 
 
+def start_delay(i: int, conc: int, ramp: float) -> float:
+    """Seconds after t0 that stream ``i`` of ``conc`` sends its first request: evenly over the ramp."""
+    return ramp * i / conc
+
+
 async def loop(a: argparse.Namespace) -> dict[str, Any]:
     side = Side(a.t0 + a.warmup, a.t0 + a.warmup + a.window)
     stop = side.end + a.tail
@@ -166,7 +177,8 @@ async def loop(a: argparse.Namespace) -> dict[str, Any]:
     url = a.base.rstrip("/") + "/v1/completions"
     ids = iter(range(1 << 62))
 
-    async def worker(http: aiohttp.ClientSession) -> None:
+    async def worker(http: aiohttp.ClientSession, i: int) -> None:
+        await asyncio.sleep(max(0.0, a.t0 + start_delay(i, a.conc, a.ramp) - time.monotonic()))
         while time.monotonic() < stop:
             body = {"model": a.model, "prompt": next(texts), "max_tokens": OUTPUT_LEN, "ignore_eos": True,
                     "temperature": 0.0, "stream": True,
@@ -177,7 +189,7 @@ async def loop(a: argparse.Namespace) -> dict[str, Any]:
     async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=None)) as http:
         await asyncio.sleep(max(0.0, a.t0 - time.monotonic()))
         cpu0 = _cpu()
-        tasks = [asyncio.create_task(worker(http)) for _ in range(a.conc)]
+        tasks = [asyncio.create_task(worker(http, i)) for i in range(a.conc)]
         await asyncio.sleep(max(0.0, side.start - time.monotonic()))
         t_cpu0 = _cpu()
         await asyncio.sleep(max(0.0, side.end - time.monotonic()))
@@ -206,6 +218,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=float, default=10.0)
     ap.add_argument("--window", type=float, default=30.0)
     ap.add_argument("--tail", type=float, default=10.0)
+    ap.add_argument("--ramp", type=float, default=0.0, help="seconds over which the streams start, one by one")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
