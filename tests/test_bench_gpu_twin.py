@@ -163,7 +163,10 @@ def test_one_twin_pass_through_real_sockets(tmp_path: Path, monkeypatch: pytest.
         procs.append(a)
         b = FakeVllm(tmp_path, ["tiny-b"], "--fake-token-delay", "0.002", "--fake-tokens", "32")
         procs.append(b)
-        gw = Gateway(tmp_path, instances(a, b))
+        config = instances(a, b)
+        for inst, name in zip(config["vllm_instances"], "ab", strict=True):
+            inst["name"] = name  # as `up` names them: the sampler finds their connections by name
+        gw = Gateway(tmp_path, config)
         procs.append(gw)
         monkeypatch.setattr(twin, "PORTS", {"a": a.port, "b": b.port})
         monkeypatch.setattr(twin, "GW", gw.url)
@@ -184,6 +187,11 @@ def test_one_twin_pass_through_real_sockets(tmp_path: Path, monkeypatch: pytest.
         # every request sent in the window has its TTFT under the second it was sent in
         assert sum(map(len, side["ttft_ms_each_second"])) == side["requests_in_window"], row
     assert row["queued"] == 0
+    # sampled in the window: each fake runs the 4 streams of its side (it counts them as running)
+    for path in ("direct:a", "gateway:b"):
+        assert row["in_vllm"][path]["running"] == pytest.approx(4, abs=1), row["in_vllm"]
+        assert row["in_vllm"][path]["waiting"] == 0
+    assert row["in_vllm"]["gateway:b"]["conns_open"] >= 1, row["in_vllm"]
     assert served[0] > 0 and served[1] > 0
 
 

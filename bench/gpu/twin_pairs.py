@@ -45,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_clients import cpu_seconds
 from detached_up import launch_up, placed, stop
 from gpu_fleet import GW, base_fleet, fleet_healthy, inst, instances, wait
+from in_pass import Sampler, means
 from pin import cores
 from twin_stats import report
 
@@ -99,6 +100,8 @@ def one(model_dir: str, w: Path, kind: str, conc: int, n: int, clients: list[int
     gw_pid = next((i["pid"] for name, i in instances().items() if name == "gateway"), None)
     queued0, cpu0 = _sum(_QUEUED, GW + "/metrics"), cpu_seconds(gw_pid) if gw_pid else None
     t0 = time.monotonic() + 3.0  # both clients import and connect before it
+    sampler = Sampler({i: f"http://127.0.0.1:{p}" for i, p in PORTS.items()}, GW, t0)
+    sampler.start()
     procs = []
     (w / "sides").mkdir(exist_ok=True)  # apart: a device call returns few files
     for k, (path, base, served) in enumerate(sides(kind)):
@@ -114,12 +117,17 @@ def one(model_dir: str, w: Path, kind: str, conc: int, n: int, clients: list[int
         rc = proc.wait()
         row["sides"][path] = {**(json.loads(out.read_text()) if rc == 0 else {"rc": rc}), "client_cpu": cpu}
     span = time.monotonic() - t0
+    samples = sampler.stop()
+    start = timing["warmup"]
+    # each side's instance, its requests and the gateway's connections to it, over the window
+    row["in_vllm"] = {path: means(samples[path[-1]], start, start + timing["window"]) for path in row["sides"]}
+    row["samples"] = samples
     if gw_pid and cpu0 is not None and (cpu1 := cpu_seconds(gw_pid)) is not None:
         row["gateway_cpu_share"] = round((cpu1 - cpu0) / span, 3)
     row["queued"] = int(_sum(_QUEUED, GW + "/metrics") - queued0)
     print(f"c{conc} p{n} {kind}: " + "; ".join(
         f"{p} {s.get('output_throughput')} tok/s, TTFT p50 {s.get('median_ttft_ms')} ms, "
-        f"in flight {s.get('mean_in_flight')}"
+        f"in flight {s.get('mean_in_flight')}, in vLLM {row['in_vllm'][p]}"
         for p, s in row["sides"].items()) + f"; queued {row['queued']}", flush=True)
     return row
 
