@@ -204,3 +204,18 @@ def test_the_long_run_write_up_matches_its_rows(capsys: pytest.CaptureFixture[st
     assert "| TTFT p50 | 1.063 (0.994–1.130), 2 of 4 |" in out
     assert "would spread by 0.035 (from T = 60 s); swap pairs' sd × √2, one pass's share: 0.063 (4 pairs)" in out
     assert "would spread by 0.106 (from T = 60 s); swap pairs' sd × √2, one pass's share: 0.103 (4 pairs)" in out
+
+
+def test_the_waves_write_up_matches_its_rows(capsys: pytest.CaptureFixture[str]) -> None:
+    """twin-waves-h200x2's README quotes twin_stats.py over its two runs' rows."""
+    stats = _load("twin_stats")
+    here = Path(__file__).resolve().parents[1] / "bench/gpu/results/twin-waves-h200x2"
+    stats.main([str(here / "rows-ramp.json.gz")])
+    ramp = capsys.readouterr().out
+    assert "| TTFT p50 | 1.225 (1.218–1.231), 2 of 2 | 1.427 1.107 / 1.062 1.340 |" in ramp
+    assert "| tokens/s | 0.966 (0.960–0.972), 0 of 2 | 0.976 0.920 / 0.944 1.027 |" in ramp
+    assert "cv 0.38–0.76, busiest second 2.0–3.3× the mean, autocorrelation peaks at a lag of 5–11 s" in ramp
+    stats.main([str(here / "rows-engine.json.gz")])
+    engine = capsys.readouterr().out
+    assert "| 0 | gb | gateway:b | 3314.6 | 12192.2 | 196 (135–308) | 0 | 511 |" in engine
+    assert "| 2 | gb | direct:a | 2081.2 | 12532.4 | 324 (5–512) | 0 | 0 |" in engine

@@ -20,8 +20,10 @@ see. A difference between the two GPUs cancels between a ``gb`` and the ``ga`` n
 (twin_stats.py's swap pairs). The answer (results/twin-h200x2): running at once removes part
 of the tokens/s spread and none of TTFT's; two direct sides in the same seconds still differ by
 4–15 % and 11–22 % over 24 s. Over 120 s (results/twin-long-h200x2) that spread turned out to
-be the load's waves (a fixed 128/128 closed loop starts and ends its requests together): TTFT
-p50's falls as 1/√T past about 12 s, tokens/s' keeps a part of its own in each pass. What this
+be the load's waves of one request's life: TTFT p50's falls as 1/√T past about 12 s, tokens/s'
+keeps a part of its own in each pass. The waves are vLLM's (results/twin-waves-h200x2: staggered
+starts do not stop them; in_pass.py's samples show the engine emptying and filling), and which
+way an instance settles holds for a whole pass and moves TTFT p50 by up to 1.7×. What this
 design does not show: an effect of the gateway's CPU use on vLLM that hits both instances alike
 (``up`` gives the gateway a core of its own, results/serve-pin-h200-512 measured that
 contention), and the gateway's queue at concurrency above an instance's ``max_num_seqs``.

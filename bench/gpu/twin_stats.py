@@ -146,6 +146,30 @@ def _waves_line(group: list[dict[str, Any]]) -> list[str]:
             f"({min(auto):.2f}–{max(auto):.2f})."]
 
 
+def _engine_table(group: list[dict[str, Any]]) -> list[str]:
+    """Passes with in_pass.py's samples: how many of each side's streams its vLLM engine ran over
+    the window (mean, fewest, most), how many waited in its scheduler, and the gateway's busy
+    connections to it. A closed loop keeps ``conc`` in flight; the rest are in vLLM's HTTP server
+    (before the engine took them, or after it finished them), or in the gateway."""
+    lines = []
+    for r in group:
+        t = r.get("timing", {})
+        for path, side in r["sides"].items() if "samples" in r and t else ():
+            w = [q for q in r["samples"].get(path[-1], []) if t["warmup"] <= q[0] < t["warmup"] + t["window"]]
+            if not w:
+                continue
+            running, waiting = [q[1] for q in w], [q[2] for q in w]
+            busy = statistics.fmean(q[3] - q[4] for q in w)
+            lines.append(f"| {r['pass']} | {r['kind']} | {path} | {side.get('median_ttft_ms')} | "
+                         f"{side.get('output_throughput')} | {statistics.fmean(running):.0f} ({min(running):.0f}–"
+                         f"{max(running):.0f}) | {statistics.fmean(waiting):.0f} | {busy:.0f} |")
+    if not lines:
+        return []
+    return ["\nIn each side's vLLM over the window, sampled each second (in_pass.py):\n",
+            "| pass | kind | side | TTFT p50, ms | tokens/s | running in its engine: mean (fewest–most) "
+            "| waiting in its scheduler | gateway connections busy |", "|---|---|---|---|---|---|---|---|", *lines]
+
+
 def _sub_table(group: list[dict[str, Any]]) -> list[str]:
     lines: list[str] = []
     for measure in BY_SECOND:
@@ -199,7 +223,7 @@ def report(rows: list[dict[str, Any]]) -> str:
         if cpu and client:
             lines.append(f"\nGateway CPU over a pass: {min(cpu):.2f}–{max(cpu):.2f} of a core; each client over "
                          f"its window: {min(client):.2f}–{max(client):.2f}.")
-        lines += _waves_line(group) + _sub_table(group)
+        lines += _waves_line(group) + _engine_table(group) + _sub_table(group)
     return "\n".join(lines)
 
 

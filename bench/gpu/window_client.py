@@ -15,10 +15,10 @@ keeps running ``tail`` seconds past the window, so that requests sent late in th
 first token under the same load; then every stream is closed (the server aborts them).
 
 ``--ramp R`` starts the streams one by one over the first R seconds (stream i at t0 + R·i/conc)
-instead of all at t0. Streams that start together, each asking for exactly 128 tokens, end
-together and send their successors together: the load then moves in waves of one request's life
-for as long as it runs (results/twin-long-h200x2). Spread over at least one request's life, the
-streams' phases stay spread, as users' would; the concurrency in steady state is the same.
+instead of all at t0, as users would; the concurrency in steady state is the same. It was meant to
+stop the waves of one request's life that the load moves in (results/twin-long-h200x2); it does
+not: with the tiny model they re-form within seconds, the requests gathering in vLLM's API
+server between engine passes (results/twin-waves-h200x2).
 
 Figures: output tokens/s (tokens received inside the window ÷ its length, by vLLM's running
 ``completion_tokens`` in each chunk, which it adds with ``continuous_usage_stats``; a server without
