@@ -184,6 +184,7 @@ def test_one_twin_pass_through_real_sockets(tmp_path: Path, monkeypatch: pytest.
         assert side["errors"] == 0, row
         assert side["output_throughput"] > 0 and side["requests_in_window"] > 0, row
         assert side["mean_in_flight"] == pytest.approx(4, abs=0.5), row
+        assert 0 < side["median_head_ms"] <= side["median_ttft_ms"], row
         # every request sent in the window has its TTFT under the second it was sent in
         assert sum(map(len, side["ttft_ms_each_second"])) == side["requests_in_window"], row
     assert row["queued"] == 0

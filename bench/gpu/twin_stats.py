@@ -36,7 +36,8 @@ from typing import Any
 from pair_stats import _boot_pairs, _log_sd, _needed
 
 KEYS = (("output_throughput", "tokens/s"), ("median_ttft_ms", "TTFT p50"), ("p99_ttft_ms", "TTFT p99"),
-        ("mean_itl_ms", "mean gap between tokens"), ("mean_in_flight", "requests in flight"))
+        ("median_head_ms", "response head p50"), ("mean_itl_ms", "mean gap between tokens"),
+        ("mean_in_flight", "requests in flight"))
 
 
 def _num_den(row: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -204,6 +205,8 @@ def report(rows: list[dict[str, Any]]) -> str:
                   "| swap pairs for ±1 % / ±5 % |",
                   "|---|---|---|---|---|---|---|"]
         for key, label in KEYS:
+            if not any(key in side for r in group for side in r["sides"].values()):
+                continue  # rows from before the client measured it
             pairs = swap_pairs(group, key)
             by_kind = {k: [f"{v:.3f}" for r in group if r["kind"] == k and (v := pass_ratio(r, key))]
                        for k in ("gb", "ga")}

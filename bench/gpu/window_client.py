@@ -23,10 +23,12 @@ server between engine passes (results/twin-waves-h200x2).
 Figures: output tokens/s (tokens received inside the window ÷ its length, by vLLM's running
 ``completion_tokens`` in each chunk, which it adds with ``continuous_usage_stats``; a server without
 it counts one per event), and how many tokens an event carried, TTFT p50/p99 of the requests sent
-inside the window (one still waiting at the end counts as the slowest), the gaps between a
-stream's events inside the window, the tokens of each second of it and the TTFTs of the requests
-sent in each (twin_stats.py's sub-windows), requests in flight (their
-summed time inside the window ÷ its length), errors, and this process's CPU share over the window.
+inside the window (one still waiting at the end counts as the slowest), the median time to their
+response head (vLLM's server sends it when its handler returns the stream, after parsing and
+tokenizing, before the stream asks the engine: TTFT's part before the engine), the gaps between
+a stream's events inside the window, the tokens of each second of it and the TTFTs of the
+requests sent in each (twin_stats.py's sub-windows), requests in flight (their summed time inside
+the window ÷ its length), errors, and this process's CPU share over the window.
 """
 
 from __future__ import annotations
@@ -64,6 +66,9 @@ class Side:
         # (twin_stats.py's sub-windows)
         self.per_second = [0] * max(1, math.ceil(end - start - 1e-6))  # 120 s, not 120.000001 s
         self.ttfts: list[float] = []
+        # time to the response head of requests sent in the window: vLLM sends it once its API
+        # server has parsed and tokenized the request, before the engine has it (in_pass.py)
+        self.heads: list[float] = []
         # each TTFT by the second it was sent in (ms): the same question for TTFT p50
         self.ttft_ms_each_second: list[list[int]] = [[] for _ in self.per_second]
         self.waiting: dict[int, float] = {}  # requests sent in the window, no first token yet: id -> sent
@@ -95,6 +100,7 @@ class Side:
         return {"output_throughput": round(self.tokens / span, 1),
                 "median_ttft_ms": round(pct(ttfts, 50) * 1000, 1) if ttfts else None,
                 "p99_ttft_ms": round(pct(ttfts, 99) * 1000, 1) if ttfts else None,
+                "median_head_ms": round(pct(self.heads, 50) * 1000, 1) if self.heads else None,
                 "median_itl_ms": round(pct(self.gaps, 50) * 1000, 2) if self.gaps else None,
                 "mean_itl_ms": round(sum(self.gaps) / len(self.gaps) * 1000, 2) if self.gaps else None,
                 "tokens_per_event": round(self.tokens / self.events, 3) if self.events else None,
@@ -134,6 +140,8 @@ async def stream(http: aiohttp.ClientSession, url: str, body: dict[str, Any], ri
     done = 0  # this stream's tokens so far
     try:
         async with http.post(url, json=body) as resp:
+            if counted:
+                side.heads.append(time.monotonic() - sent)
             if resp.status != 200:
                 side.errors += 1
                 side.waiting.pop(rid, None)
