@@ -148,6 +148,13 @@ def test_waves_find_a_load_that_repeats_every_request_life() -> None:
     assert waves([5] * 10) is None  # too short to tell
 
 
+def test_engine_samples_average_over_the_window_only() -> None:
+    means = _load("in_pass").means
+    rows = [[5.0, 500, 9, 1024, 0], [6.0, 100, 0, 1024, 512], [7.5, 300, 2, 1024, 514], [9.0, 1, 0, 1024, 1024]]
+    assert means(rows, 6.0, 9.0) == {"running": 200.0, "waiting": 1.0, "conns_open": 1024.0, "conns_idle": 513.0}
+    assert means(rows, 10.0, 20.0) is None
+
+
 def test_one_twin_pass_through_real_sockets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A ``gb`` pass as twin_pairs.py runs it on the GPU machine, shrunk: two fake vLLMs stand in
     for instances a and b, a real gateway routes ``tiny-b`` to b, and two window_client.py
