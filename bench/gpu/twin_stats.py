@@ -121,9 +121,10 @@ def sub_windows(rows: list[dict[str, Any]], measure: str) -> dict[int, tuple[flo
 
 def waves(per_second: list[int]) -> tuple[float, float, int, float] | None:
     """One side's tokens each second: (coefficient of variation, busiest second ÷ the mean, the lag
-    in s, 2–15, where their autocorrelation peaks, and its value there). A closed loop whose
-    streams start and end together moves in waves of one request's life (6–10 s at 512 streams);
-    a steady one shows no peak to speak of."""
+    in s, 2–15, where their autocorrelation peaks, and its value there). With the tiny model the
+    load moves in waves of one request's life (6–10 s at 512 streams, results/twin-long-h200x2),
+    whether the streams start together or not (results/twin-waves-h200x2); a steady load shows no
+    peak to speak of."""
     xs = per_second
     if len(xs) < 32 or not (mean := statistics.fmean(xs)):
         return None

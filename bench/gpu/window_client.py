@@ -67,7 +67,7 @@ class Side:
         self.per_second = [0] * max(1, math.ceil(end - start - 1e-6))  # 120 s, not 120.000001 s
         self.ttfts: list[float] = []
         # time to the response head of requests sent in the window: vLLM sends it once its API
-        # server has parsed and tokenized the request, before the engine has it (in_pass.py)
+        # server has parsed and tokenized the request, before the engine has it
         self.heads: list[float] = []
         # each TTFT by the second it was sent in (ms): the same question for TTFT p50
         self.ttft_ms_each_second: list[list[int]] = [[] for _ in self.per_second]
