@@ -59,9 +59,19 @@ class Sampler(threading.Thread):
         return self.rows
 
 
+def instance(path: str) -> str:
+    """The instance a side's path reaches: ``direct:a`` and ``gateway:a`` both reach ``a``."""
+    return path.rsplit(":", 1)[1]
+
+
+def in_window(rows: list[list[float]], start: float, end: float) -> list[list[float]]:
+    """The samples taken in [start, end) s since t0."""
+    return [r for r in rows if start <= r[0] < end]
+
+
 def means(rows: list[list[float]], start: float, end: float) -> dict[str, float] | None:
     """The samples' means over [start, end) s since t0: running, waiting, connections open, idle."""
-    inside = [r for r in rows if start <= r[0] < end]
+    inside = in_window(rows, start, end)
     if not inside:
         return None
     cols = zip(*(r[1:] for r in inside), strict=True)

@@ -47,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_clients import cpu_seconds
 from detached_up import launch_up, placed, stop
 from gpu_fleet import GW, base_fleet, fleet_healthy, inst, instances, wait
-from in_pass import Sampler, means
+from in_pass import Sampler, instance, means
 from pin import cores
 from twin_stats import report
 
@@ -122,7 +122,7 @@ def one(model_dir: str, w: Path, kind: str, conc: int, n: int, clients: list[int
     samples = sampler.stop()
     start = timing["warmup"]
     # each side's instance, its requests and the gateway's connections to it, over the window
-    row["in_vllm"] = {path: means(samples[path[-1]], start, start + timing["window"]) for path in row["sides"]}
+    row["in_vllm"] = {path: means(samples[instance(path)], start, start + timing["window"]) for path in row["sides"]}
     row["samples"] = samples
     if gw_pid and cpu0 is not None and (cpu1 := cpu_seconds(gw_pid)) is not None:
         row["gateway_cpu_share"] = round((cpu1 - cpu0) / span, 3)

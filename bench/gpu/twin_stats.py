@@ -33,6 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from in_pass import in_window, instance
 from pair_stats import _boot_pairs, _log_sd, _needed
 
 KEYS = (("output_throughput", "tokens/s"), ("median_ttft_ms", "TTFT p50"), ("p99_ttft_ms", "TTFT p99"),
@@ -79,16 +80,18 @@ def sequential(rows: list[dict[str, Any]], key: str) -> list[float]:
 
 
 PIECES = (1, 2, 3, 4, 6, 8, 12, 24, 30, 40, 60)  # sub-window lengths tried, those that divide the window
-# measure -> (what each side keeps per second, how one piece's seconds make its figure)
-BY_SECOND: dict[str, tuple[str, Callable[[list[Any]], float]]] = {
-    "tokens/s": ("tokens_each_second", sum),
-    "TTFT p50": ("ttft_ms_each_second", lambda secs: statistics.median(ms) if (ms := [*itertools.chain(*secs)]) else 0),
+# measure -> (what each side keeps per second, how one piece's seconds make its figure, the
+# whole window's figure that swap pairs compare)
+BY_SECOND: dict[str, tuple[str, Callable[[list[Any]], float], str]] = {
+    "tokens/s": ("tokens_each_second", sum, "output_throughput"),
+    "TTFT p50": ("ttft_ms_each_second",
+                 lambda secs: statistics.median(ms) if (ms := [*itertools.chain(*secs)]) else 0, "median_ttft_ms"),
 }
 
 
 def piece_ratios(row: dict[str, Any], t: int, measure: str) -> list[float]:
     """The pass's ratio over each ``t``-second piece of its window, by each second's figures."""
-    field, fold = BY_SECOND[measure]
+    field, fold, _ = BY_SECOND[measure]
     num, den = (side.get(field) for side in _num_den(row))
     if not num or not den or len(num) != len(den) or len(num) % t:
         return []
@@ -155,9 +158,11 @@ def _engine_table(group: list[dict[str, Any]]) -> list[str]:
     (before the engine took them, or after it finished them), or in the gateway."""
     lines = []
     for r in group:
-        t = r.get("timing", {})
-        for path, side in r["sides"].items() if "samples" in r and t else ():
-            w = [q for q in r["samples"].get(path[-1], []) if t["warmup"] <= q[0] < t["warmup"] + t["window"]]
+        t = r.get("timing")
+        if "samples" not in r or not t:
+            continue
+        for path, side in r["sides"].items():
+            w = in_window(r["samples"].get(instance(path), []), t["warmup"], t["warmup"] + t["window"])
             if not w:
                 continue
             running, waiting = [q[1] for q in w], [q[2] for q in w]
@@ -174,13 +179,13 @@ def _engine_table(group: list[dict[str, Any]]) -> list[str]:
 
 def _sub_table(group: list[dict[str, Any]]) -> list[str]:
     lines: list[str] = []
-    for measure in BY_SECOND:
+    for measure, (field, _, whole) in BY_SECOND.items():
         subs = sub_windows(group, measure)
         if not subs:
             continue
-        window = max(len(_num_den(r)[0].get(BY_SECOND[measure][0]) or []) for r in group)
+        window = max(len(_num_den(r)[0].get(field) or []) for r in group)
         last = max(subs)
-        pairs = swap_pairs(group, "output_throughput" if measure == "tokens/s" else "median_ttft_ms")
+        pairs = swap_pairs(group, whole)
         one = f"{statistics.stdev(map(math.log, pairs)) * math.sqrt(2):.3f}" if len(pairs) > 1 else "—"
         lines += [f"\n{measure}, each pass's ratio over sub-windows of T s, around the pass's own ratio:\n",
                   "| T, s | " + " | ".join(map(str, subs)) + " |", "|---|" + "---|" * len(subs),
