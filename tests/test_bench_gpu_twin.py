@@ -37,6 +37,10 @@ def test_sides_swap_the_gpus_between_gb_and_ga() -> None:
     assert [(p, m) for p, _, m in sides("aa")] == [("direct:a", "tiny-a"), ("direct:b", "tiny-b")]
     # the gateway side asks the gateway for the instance's own name, so it lands on that GPU
     assert sides("ga")[1][1:] == ("http://127.0.0.1:8080", "tiny-a")
+    # a jitter pass is direct on both sides, the second pausing before each request
+    assert sides("jb") == [("direct:a", "http://127.0.0.1:8001", "tiny-a"),
+                           ("jitter:b", "http://127.0.0.1:8002", "tiny-b")]
+    assert [p for p, _, _ in sides("ja")] == ["direct:b", "jitter:a"]
 
 
 def test_swap_pairs_cancel_a_faster_gpu() -> None:
@@ -155,10 +159,51 @@ def test_engine_samples_average_over_the_window_only() -> None:
     assert means(rows, 10.0, 20.0) is None
 
 
-def test_one_twin_pass_through_real_sockets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_jitter_passes_pair_among_themselves_under_their_own_heading() -> None:
+    stats = _load("twin_stats")
+
+    def jitter(kind: str, ratio: float) -> dict[str, Any]:
+        row = _pass("gb" if kind == "jb" else "ga", 100, 100, ratio)
+        row["sides"] = {p.replace("gateway", "jitter"): v for p, v in row["sides"].items()}
+        return {**row, "kind": kind, "jitter_ms": 50.0}
+
+    rows = [_pass("gb", 100, 100, 0.9), jitter("jb", 1.2), jitter("ja", 1.2), _pass("ga", 100, 100, 0.9)]
+    out = stats.report(rows)
+    gateway, jittered = out.split("direct both, one pausing 0–50.0 ms before each request (1 jb, 1 ja passes)")
+    # the gb and the ga pair across the jitter passes, which pair with each other
+    assert "| tokens/s | 0.900 (0.900–0.900), 0 of 1 | 0.900 / 0.900 |" in gateway
+    assert "| tokens/s | 1.200 (1.200–1.200), 1 of 1 | 1.200 / 1.200 |" in jittered
+    assert "jittered ÷ direct" in jittered and "gateway ÷ direct" not in jittered
+
+
+def test_vllm_clocks_give_the_window_means_of_its_histograms() -> None:
+    in_pass = _load("in_pass")
+    text = "\n".join([  # as vLLM's /metrics writes them (one engine, one model)
+        'vllm:num_requests_running{engine="0",model_name="tiny"} 7.0',
+        'vllm:time_to_first_token_seconds_sum{engine="0",model_name="tiny"} 12.5',
+        'vllm:time_to_first_token_seconds_count{engine="0",model_name="tiny"} 50.0',
+        'vllm:time_to_first_token_seconds_bucket{engine="0",le="0.001",model_name="tiny"} 0.0',
+        'vllm:request_queue_time_seconds_sum{engine="0",model_name="tiny"} 0.5',
+        'vllm:request_queue_time_seconds_count{engine="0",model_name="tiny"} 50.0',
+        'vllm:e2e_request_latency_seconds_sum{engine="0",model_name="tiny"} 100.0',
+        'vllm:e2e_request_latency_seconds_count{engine="0",model_name="tiny"} 40.0'])
+    assert in_pass.clocks(text) == [12.5, 50.0, 0.5, 50.0, 100.0, 40.0]
+    rows = [[5.0, 1, 0, 0, 0, 1.0, 10, 0.0, 10, 5.0, 5],  # before the window
+            [6.0, 1, 0, 0, 0, 2.0, 20, 0.1, 20, 10.0, 10], [7.0, 1, 0, 0, 0, 5.0, 30, 0.1, 30, 10.0, 10],
+            [8.0, 1, 0, 0, 0, 8.0, 40, 0.3, 40, 40.0, 20], [9.0, 1, 0, 0, 0, 99.0, 99, 9.9, 99, 99.0, 99]]
+    # 6 s to 8 s: 20 first tokens in 6 s of vLLM's TTFT, 0.2 s of queue, 10 requests ended in 30 s
+    assert in_pass.vllm_means(rows, 6.0, 9.0) == {"vllm_ttft_ms": 300.0, "vllm_queue_ms": 10.0,
+                                                 "vllm_e2e_ms": 3000.0, "first_tokens": 20}
+    assert in_pass.vllm_means([r[:5] for r in rows], 6.0, 9.0) is None  # samples from before the clocks
+    assert in_pass.means(rows, 6.0, 9.0)["running"] == 1  # the gauges' means ignore the sums after them
+
+
+@pytest.mark.parametrize("kind", ["gb", "jb"])
+def test_one_twin_pass_through_real_sockets(kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A ``gb`` pass as twin_pairs.py runs it on the GPU machine, shrunk: two fake vLLMs stand in
     for instances a and b, a real gateway routes ``tiny-b`` to b, and two window_client.py
-    processes measure the same seconds."""
+    processes measure the same seconds. A ``jb`` pass reaches b direct, pausing before each
+    request."""
     from tests.support.procs import FakeVllm, Gateway, instances
     from tests.support.real_vllm import TINY_MODEL_DIR
     from vllm_fleet.tinymodel import make_tiny_model
@@ -179,27 +224,37 @@ def test_one_twin_pass_through_real_sockets(tmp_path: Path, monkeypatch: pytest.
         monkeypatch.setattr(twin, "GW", gw.url)
         monkeypatch.setattr(twin, "instances", dict)  # no supervisor here: no gateway PID to read CPU from
         cpu = sorted(os.sched_getaffinity(0))[0]
-        row = twin.one(make_tiny_model(str(TINY_MODEL_DIR)), tmp_path, "gb", 4, 0, [cpu, cpu],
-                       {"warmup": 0.5, "window": 1.5, "tail": 0.5, "ramp": 0.2})
+        row = twin.one(make_tiny_model(str(TINY_MODEL_DIR)), tmp_path, kind, 4, 0, [cpu, cpu],
+                       {"warmup": 0.5, "window": 1.5, "tail": 0.5, "ramp": 0.2}, jitter_ms=60.0)
         # each side reached its own fake: b's requests came through the gateway, a's straight
         served = (a.stats()["completed"], b.stats()["completed"])
     finally:
         for p in reversed(procs):
             p.stop()
-    assert set(row["sides"]) == {"direct:a", "gateway:b"}
+    other = "gateway:b" if kind == "gb" else "jitter:b"
+    assert set(row["sides"]) == {"direct:a", other}
     for side in row["sides"].values():
         assert side["errors"] == 0, row
         assert side["output_throughput"] > 0 and side["requests_in_window"] > 0, row
-        assert side["mean_in_flight"] == pytest.approx(4, abs=0.5), row
         assert 0 < side["median_head_ms"] <= side["median_ttft_ms"], row
+        assert side["mean_ttft_ms"] < side["mean_life_ms"], row
+    assert row["sides"]["direct:a"]["mean_in_flight"] == pytest.approx(4, abs=0.5), row
+    if kind == "jb":  # each stream's cycle is a request's life and a pause of 30 ms on average
+        life = row["sides"][other]["mean_life_ms"]
+        assert row["sides"][other]["mean_in_flight"] == pytest.approx(4 * life / (life + 30), abs=0.15), row
+        assert row["jitter_ms"] == 60.0
+    else:
+        assert row["sides"][other]["mean_in_flight"] == pytest.approx(4, abs=0.5), row
         # every request sent in the window has its TTFT under the second it was sent in
         assert sum(map(len, side["ttft_ms_each_second"])) == side["requests_in_window"], row
     assert row["queued"] == 0
     # sampled in the window: each fake runs the 4 streams of its side (it counts them as running)
-    for path in ("direct:a", "gateway:b"):
-        assert row["in_vllm"][path]["running"] == pytest.approx(4, abs=1), row["in_vllm"]
+    assert row["in_vllm"]["direct:a"]["running"] == pytest.approx(4, abs=1), row["in_vllm"]
+    for path in ("direct:a", other):
         assert row["in_vllm"][path]["waiting"] == 0
-    assert row["in_vllm"]["gateway:b"]["conns_open"] >= 1, row["in_vllm"]
+    if kind == "gb":
+        assert row["in_vllm"][other]["running"] == pytest.approx(4, abs=1), row["in_vllm"]
+        assert row["in_vllm"][other]["conns_open"] >= 1, row["in_vllm"]
     assert served[0] > 0 and served[1] > 0
 
 

@@ -6,6 +6,13 @@ holds to each backend, open and idle. A closed loop keeps ``conc`` requests in f
 if the gateway's side shows the same tokens/s with a longer TTFT and shorter gaps between tokens,
 fewer of its requests decode at once, and these samples say whether the rest wait in vLLM's
 scheduler or before it (in the gateway, on a connection, in vLLM's HTTP server).
+
+Each sample also keeps the sums and counts of three of vLLM's own histograms, so that a window's
+means by vLLM's clocks can be set beside the client's (``vllm_means``): time to first token from
+the request's arrival in vLLM's engine client (after its HTTP server parsed and tokenized it) to
+its output processor handling the first token, time waiting in the scheduler's queue, and the
+request's whole life from that arrival. What the client measures beyond vLLM's TTFT is spent in
+the gateway, on the sockets and in vLLM's HTTP server, before the arrival or after the output.
 """
 
 from __future__ import annotations
@@ -19,15 +26,27 @@ import httpx
 
 _RUNNING = re.compile(r"^vllm:num_requests_running\{[^}]*\} (\S+)$", re.M)
 _WAITING = re.compile(r"^vllm:num_requests_waiting\{[^}]*\} (\S+)$", re.M)
+GAUGES = ("running", "waiting", "conns_open", "conns_idle")
+# vLLM's histograms whose sum and count each sample keeps, in this order after the gauges
+CLOCKS = {"vllm_ttft": "vllm:time_to_first_token_seconds", "vllm_queue": "vllm:request_queue_time_seconds",
+          "vllm_e2e": "vllm:e2e_request_latency_seconds"}
+_SUMS = {k: [re.compile(rf"^{re.escape(n)}_{part}\{{[^}}]*\}} (\S+)$", re.M) for part in ("sum", "count")]
+         for k, n in CLOCKS.items()}
 
 
 def _gauge(pattern: re.Pattern[str], text: str) -> float:
     return sum(float(v) for v in pattern.findall(text))
 
 
+def clocks(text: str) -> list[float]:
+    """``CLOCKS``' sums and counts so far in a vLLM's /metrics, in order: sum, count, sum, ..."""
+    return [_gauge(p, text) for pair in _SUMS.values() for p in pair]
+
+
 class Sampler(threading.Thread):
     """Samples ``instances`` (name -> base URL) and the gateway at ``gateway`` every ``every`` s,
-    each row ``[s since t0, running, waiting, gateway connections open, idle]``, until ``stop()``."""
+    each row ``[s since t0, running, waiting, gateway connections open, idle]`` and then each of
+    ``CLOCKS``' sum and count so far, until ``stop()``."""
 
     def __init__(self, instances: dict[str, str], gateway: str, t0: float, every: float = 1.0) -> None:
         super().__init__(daemon=True)
@@ -51,7 +70,8 @@ class Sampler(threading.Thread):
                         continue
                     c = conns.get(name, {})
                     self.rows[name].append([t, _gauge(_RUNNING, text), _gauge(_WAITING, text),
-                                            c.get("open", 0), c.get("idle", 0)])
+                                            c.get("open", 0), c.get("idle", 0),
+                                            *clocks(text)])
 
     def stop(self) -> dict[str, list[list[float]]]:
         self._halt.set()
@@ -74,6 +94,23 @@ def means(rows: list[list[float]], start: float, end: float) -> dict[str, float]
     inside = in_window(rows, start, end)
     if not inside:
         return None
-    cols = zip(*(r[1:] for r in inside), strict=True)
-    return dict(zip(("running", "waiting", "conns_open", "conns_idle"),
-                    (round(statistics.fmean(c), 1) for c in cols), strict=True))
+    cols = zip(*(r[1:1 + len(GAUGES)] for r in inside), strict=True)
+    return dict(zip(GAUGES, (round(statistics.fmean(c), 1) for c in cols), strict=True))
+
+
+def vllm_means(rows: list[list[float]], start: float, end: float) -> dict[str, float | None] | None:
+    """Each of ``CLOCKS``' mean in ms over the requests vLLM observed between the first and the last
+    sample in [start, end) s since t0 (its sums' and counts' differences), and how many requests
+    had their first token in that span; None without two samples that carry the sums."""
+    inside = [r for r in in_window(rows, start, end) if len(r) > 1 + len(GAUGES)]
+    if len(inside) < 2:
+        return None
+    first, last = inside[0], inside[-1]
+    out: dict[str, float | None] = {}
+    for i, key in enumerate(CLOCKS):
+        at = 1 + len(GAUGES) + 2 * i
+        total, n = last[at] - first[at], last[at + 1] - first[at + 1]
+        out[f"{key}_ms"] = round(total / n * 1000, 1) if n > 0 else None
+    at = 1 + len(GAUGES) + 1
+    out["first_tokens"] = last[at] - first[at]
+    return out

@@ -13,7 +13,10 @@ use (window_client.py, one process each), measured over the same seconds:
 
 - ``gb``: direct to a, and through the gateway to b;
 - ``ga``: through the gateway to a, and direct to b (GPUs and client cores swapped);
-- ``aa``: direct to both, no gateway: how far two simultaneous sides differ with no gateway at all.
+- ``aa``: direct to both, no gateway: how far two simultaneous sides differ with no gateway at all;
+- ``jb`` / ``ja``: direct to both, the side on b (a) pausing a random 0–``--jitter-ms`` before each
+  next request (window_client.py): whether successors that reach vLLM spread out, as a proxy's
+  serial relay spreads them, move vLLM the way the gateway's side moves it.
 
 Whatever the host does during a pass (its other tenants, clocks, the other instance), both sides
 see. A difference between the two GPUs cancels between a ``gb`` and the ``ga`` next to it
@@ -47,14 +50,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_clients import cpu_seconds
 from detached_up import launch_up, placed, stop
 from gpu_fleet import GW, base_fleet, fleet_healthy, inst, instances, wait
-from in_pass import Sampler, instance, means
+from in_pass import Sampler, instance, means, vllm_means
 from pin import cores
 from twin_stats import report
 
 HERE = Path(__file__).resolve().parent
 PORTS = {"a": 8001, "b": 8002}
 CLIENT_CPUS = "client-cpus.json"
-KINDS = ("gb", "ga", "aa")  # the order the passes cycle through
+KINDS = ("gb", "ga", "aa", "jb", "ja")  # the order the passes cycle through
 _QUEUED = re.compile(r"^fleet_queue_wait_seconds_count\{[^}]*\} (\S+)$", re.M)
 _BUSY = re.compile(r"^vllm:num_requests_(?:running|waiting)\{[^}]*\} (\S+)$", re.M)
 
@@ -64,8 +67,11 @@ def sides(kind: str) -> list[tuple[str, str, str]]:
     direct = {i: (f"direct:{i}", f"http://127.0.0.1:{p}", f"tiny-{i}") for i, p in PORTS.items()}
     if kind == "aa":
         return [direct["a"], direct["b"]]
-    gw = kind[1]
-    return [direct["b" if gw == "a" else "a"], (f"gateway:{gw}", GW, f"tiny-{gw}")]
+    to = kind[1]
+    other = direct["b" if to == "a" else "a"]
+    if kind[0] == "j":
+        return [other, (f"jitter:{to}", *direct[to][1:])]
+    return [other, (f"gateway:{to}", GW, f"tiny-{to}")]
 
 
 def start(model_dir: str, w: Path) -> dict[str, Any]:
@@ -97,7 +103,7 @@ def _drain(timeout: float = 60.0) -> float:
 
 
 def one(model_dir: str, w: Path, kind: str, conc: int, n: int, clients: list[int],
-        timing: dict[str, float]) -> dict[str, Any]:
+        timing: dict[str, float], jitter_ms: float = 0.0) -> dict[str, Any]:
     drained = _drain()
     gw_pid = next((i["pid"] for name, i in instances().items() if name == "gateway"), None)
     queued0, cpu0 = _sum(_QUEUED, GW + "/metrics"), cpu_seconds(gw_pid) if gw_pid else None
@@ -112,9 +118,12 @@ def one(model_dir: str, w: Path, kind: str, conc: int, n: int, clients: list[int
         cmd = [sys.executable, str(HERE / "window_client.py"), "--base", base, "--model", served,
                "--tokenizer", model_dir, "--conc", str(conc), "--t0", str(t0), "--seed", str(1000 * n + k),
                "--out", str(out),
-               *(f"--{key}={v}" for key, v in timing.items())]
+               *(f"--{key}={v}" for key, v in timing.items()),
+               *([f"--jitter-ms={jitter_ms}"] if path.startswith("jitter") else [])]
         procs.append((path, cpu, out, subprocess.Popen(cmd, preexec_fn=lambda c=cpu: os.sched_setaffinity(0, {c}))))
     row: dict[str, Any] = {"conc": conc, "pass": n, "kind": kind, "drain_s": drained, "timing": timing, "sides": {}}
+    if kind[0] == "j":
+        row["jitter_ms"] = jitter_ms
     for path, cpu, out, proc in procs:
         rc = proc.wait()
         row["sides"][path] = {**(json.loads(out.read_text()) if rc == 0 else {"rc": rc}), "client_cpu": cpu}
@@ -123,26 +132,30 @@ def one(model_dir: str, w: Path, kind: str, conc: int, n: int, clients: list[int
     start = timing["warmup"]
     # each side's instance, its requests and the gateway's connections to it, over the window
     row["in_vllm"] = {path: means(samples[instance(path)], start, start + timing["window"]) for path in row["sides"]}
+    # and each side's means by vLLM's own clocks, to set beside the client's
+    row["vllm_clock"] = {path: vllm_means(samples[instance(path)], start, start + timing["window"])
+                         for path in row["sides"]}
     row["samples"] = samples
     if gw_pid and cpu0 is not None and (cpu1 := cpu_seconds(gw_pid)) is not None:
         row["gateway_cpu_share"] = round((cpu1 - cpu0) / span, 3)
     row["queued"] = int(_sum(_QUEUED, GW + "/metrics") - queued0)
     print(f"c{conc} p{n} {kind}: " + "; ".join(
         f"{p} {s.get('output_throughput')} tok/s, TTFT p50 {s.get('median_ttft_ms')} ms, "
-        f"in flight {s.get('mean_in_flight')}, in vLLM {row['in_vllm'][p]}"
+        f"head p50 {s.get('median_head_ms')} ms, in flight {s.get('mean_in_flight')}, "
+        f"in vLLM {row['in_vllm'][p]}, by vLLM's clocks {row['vllm_clock'][p]}"
         for p, s in row["sides"].items()) + f"; queued {row['queued']}", flush=True)
     return row
 
 
 def run(model_dir: str, w: Path, concs: list[int], passes: int, timing: dict[str, float],
-        kinds: list[str]) -> list[dict[str, Any]]:
+        kinds: list[str], jitter_ms: float = 0.0) -> list[dict[str, Any]]:
     rows_path = w / "rows.json"
     rows: list[dict[str, Any]] = json.loads(rows_path.read_text()) if rows_path.exists() else []
     clients = json.loads((w / CLIENT_CPUS).read_text())
     for conc in concs:
         done = sum(1 for r in rows if r["conc"] == conc)  # a second run goes on with the cycle
         for n in range(done, done + passes):
-            rows.append(one(model_dir, w, kinds[(n - done) % len(kinds)], conc, n, clients, timing))
+            rows.append(one(model_dir, w, kinds[(n - done) % len(kinds)], conc, n, clients, timing, jitter_ms))
             rows_path.write_text(json.dumps(rows, indent=1))
     return rows
 
@@ -159,6 +172,7 @@ def main() -> None:
     ap.add_argument("--window", type=float, default=30.0, help="run: seconds measured")
     ap.add_argument("--tail", type=float, default=8.0, help="run: seconds of load after it, for late first tokens")
     ap.add_argument("--ramp", type=float, default=0.0, help="run: seconds over which each side's streams start")
+    ap.add_argument("--jitter-ms", type=float, default=50.0, help="run: the jitter side's pause before each request")
     a = ap.parse_args()
     w = Path(a.out)
     w.mkdir(parents=True, exist_ok=True)
@@ -169,7 +183,7 @@ def main() -> None:
         if not kinds or set(kinds) - set(KINDS):
             ap.error(f"--kinds: each of {', '.join(KINDS)}, not {a.kinds!r}")
         timing = {"warmup": a.warmup, "window": a.window, "tail": a.tail, "ramp": a.ramp}
-        res = run(a.model_dir, w, a.conc, a.passes, timing, kinds)
+        res = run(a.model_dir, w, a.conc, a.passes, timing, kinds, a.jitter_ms)
         print(report(res))
     else:
         res = stop(w)

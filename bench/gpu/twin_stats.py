@@ -37,27 +37,32 @@ from in_pass import in_window, instance
 from pair_stats import _boot_pairs, _log_sd, _needed
 
 KEYS = (("output_throughput", "tokens/s"), ("median_ttft_ms", "TTFT p50"), ("p99_ttft_ms", "TTFT p99"),
-        ("median_head_ms", "response head p50"), ("mean_itl_ms", "mean gap between tokens"),
+        ("mean_ttft_ms", "TTFT mean"), ("median_head_ms", "response head p50"),
+        ("mean_itl_ms", "mean gap between tokens"), ("mean_life_ms", "request's life mean"),
         ("mean_in_flight", "requests in flight"))
+# the kinds of pass whose ratios pair up, by what the second side does: ``aa`` has none to pair
+FAMILIES = {"gateway": ("gb", "ga", "aa"), "jitter": ("jb", "ja")}
 
 
 def _num_den(row: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """A pass's two sides as the ratio takes them: gateway ÷ direct, or for ``aa`` b ÷ a."""
+    """A pass's two sides as the ratio takes them: gateway (or jittered) ÷ direct, for ``aa`` b ÷ a."""
     s = row["sides"]
     if row["kind"] == "aa":
         return s.get("direct:b", {}), s.get("direct:a", {})
-    return (next((v for p, v in s.items() if p.startswith("gateway")), {}),
+    return (next((v for p, v in s.items() if not p.startswith("direct")), {}),
             next((v for p, v in s.items() if p.startswith("direct")), {}))
 
 
 def pass_ratio(row: dict[str, Any], key: str) -> float | None:
-    """A ``gb``/``ga`` pass's gateway side ÷ its direct side, an ``aa`` pass's b ÷ a."""
+    """A ``gb``/``ga`` pass's gateway side ÷ its direct side (``jb``/``ja``: the jittered side's),
+    an ``aa`` pass's b ÷ a."""
     num, den = (side.get(key) for side in _num_den(row))
     return num / den if num and den else None
 
 
 def swap_pairs(rows: list[dict[str, Any]], key: str) -> list[float]:
-    """Each ``gb`` with the ``ga`` that follows or precedes it in run order, one pass in one pair."""
+    """Each ``gb`` with the ``ga`` that follows or precedes it in run order, one pass in one pair
+    (``jb`` with ``ja`` alike: give it one family's rows)."""
     out, held = [], None
     for r in rows:
         if r["kind"] == "aa" or (ratio := pass_ratio(r, key)) is None:
@@ -177,6 +182,29 @@ def _engine_table(group: list[dict[str, Any]]) -> list[str]:
             "| waiting in its scheduler | gateway connections busy |", "|---|---|---|---|---|---|---|---|", *lines]
 
 
+def _clock_table(group: list[dict[str, Any]]) -> list[str]:
+    """Passes with vLLM's clocks (in_pass.vllm_means): each side's mean TTFT and request life as
+    its client measured them, beside vLLM's own from the request's arrival in its engine client;
+    the difference is time in the gateway, on the sockets and in vLLM's HTTP server. The response
+    head comes once vLLM's HTTP server has parsed and tokenized the request."""
+    lines = []
+    for r in group:
+        for path, side in r["sides"].items():
+            clock = (r.get("vllm_clock") or {}).get(path) or {}
+            ttft, head, life = (side.get(f"mean_{k}_ms") for k in ("ttft", "head", "life"))
+            v_ttft, queue, e2e = (clock.get(f"vllm_{k}_ms") for k in ("ttft", "queue", "e2e"))
+            if ttft is None or head is None or life is None or v_ttft is None or queue is None or e2e is None:
+                continue
+            lines.append(f"| {r['pass']} | {r['kind']} | {path} | {ttft:.0f} | {head:.0f} | {v_ttft:.0f} | {queue:.0f} "
+                         f"| {ttft - v_ttft:.0f} | {life:.0f} | {e2e:.0f} | {life - e2e:.0f} |")
+    if not lines:
+        return []
+    return ["\nMeans in ms, by the client and by vLLM's clocks (in_pass.py):\n",
+            "| pass | kind | side | TTFT | response head | vLLM's TTFT | vLLM's queue | TTFT outside vLLM's "
+            "| request's life | vLLM's e2e | life outside vLLM's |", "|---|---|---|---|---|---|---|---|---|---|---|",
+            *lines]
+
+
 def _sub_table(group: list[dict[str, Any]]) -> list[str]:
     lines: list[str] = []
     for measure, (field, _, whole) in BY_SECOND.items():
@@ -198,24 +226,36 @@ def _sub_table(group: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def _heading(conc: int, family: str, group: list[dict[str, Any]]) -> list[str]:
+    n = {k: sum(1 for r in group if r["kind"] == k) for k in FAMILIES[family]}
+    if family == "gateway":
+        return [f"\n### {conc:,} streams per side ({n['gb']} gb, {n['ga']} ga, {n['aa']} aa passes; "
+                f"{sum(r.get('queued', 0) for r in group)} requests queued in the gateway)\n",
+                "| measure | gateway ÷ direct, median of swap pairs (90 % interval), above 1 | passes gb / ga "
+                "| sd: swap pairs (n) | sd: aa, b ÷ a at once (n) | sd: one instance, pass to pass (n) "
+                "| swap pairs for ±1 % / ±5 % |"]
+    jitter = sorted({r.get("jitter_ms") for r in group})
+    return [f"\n### {conc:,} streams per side, direct both, one pausing 0–{'/'.join(map(str, jitter))} ms before "
+            f"each request ({n['jb']} jb, {n['ja']} ja passes)\n",
+            "| measure | jittered ÷ direct, median of swap pairs (90 % interval), above 1 | passes jb / ja "
+            "| sd: swap pairs (n) | sd: aa, b ÷ a at once (n) | sd: one instance, pass to pass (n) "
+            "| swap pairs for ±1 % / ±5 % |"]
+
+
 def report(rows: list[dict[str, Any]]) -> str:
     lines = []
     rng = random.Random(21)
-    for conc in sorted({r["conc"] for r in rows}):
-        group = [r for r in rows if r["conc"] == conc]
-        kinds = {k: sum(1 for r in group if r["kind"] == k) for k in ("gb", "ga", "aa")}
-        lines += [f"\n### {conc:,} streams per side ({kinds['gb']} gb, {kinds['ga']} ga, {kinds['aa']} aa passes; "
-                  f"{sum(r.get('queued', 0) for r in group)} requests queued in the gateway)\n",
-                  "| measure | gateway ÷ direct, median of swap pairs (90 % interval), above 1 | passes gb / ga "
-                  "| sd: swap pairs (n) | sd: aa, b ÷ a at once (n) | sd: one instance, pass to pass (n) "
-                  "| swap pairs for ±1 % / ±5 % |",
-                  "|---|---|---|---|---|---|---|"]
+    for conc, (family, kinds) in itertools.product(sorted({r["conc"] for r in rows}), FAMILIES.items()):
+        group = [r for r in rows if r["conc"] == conc and r["kind"] in kinds]
+        if not group:
+            continue
+        lines += [*_heading(conc, family, group), "|---|---|---|---|---|---|---|"]
         for key, label in KEYS:
             if not any(key in side for r in group for side in r["sides"].values()):
                 continue  # rows from before the client measured it
             pairs = swap_pairs(group, key)
             by_kind = {k: [f"{v:.3f}" for r in group if r["kind"] == k and (v := pass_ratio(r, key))]
-                       for k in ("gb", "ga")}
+                       for k in kinds[:2]}
             aa = [v for r in group if r["kind"] == "aa" and (v := pass_ratio(r, key))]
             seq = sequential(group, key)
             if pairs:
@@ -224,7 +264,7 @@ def report(rows: list[dict[str, Any]]) -> str:
                        f"{sum(p > 1 for p in pairs)} of {len(pairs)}")
             else:
                 mid = "—"
-            lines.append(f"| {label} | {mid} | {' '.join(by_kind['gb']) or '—'} / {' '.join(by_kind['ga']) or '—'} "
+            lines.append(f"| {label} | {mid} | {' / '.join(' '.join(v) or '—' for v in by_kind.values())} "
                          f"| {_log_sd(pairs)} ({len(pairs)}) | {_log_sd(aa)} ({len(aa)}) | {_log_sd(seq)} ({len(seq)}) "
                          f"| {_needed(pairs, 0.01)} / {_needed(pairs, 0.05)} |")
         cpu = [r["gateway_cpu_share"] for r in group if r["kind"] != "aa" and "gateway_cpu_share" in r]
@@ -232,7 +272,7 @@ def report(rows: list[dict[str, Any]]) -> str:
         if cpu and client:
             lines.append(f"\nGateway CPU over a pass: {min(cpu):.2f}–{max(cpu):.2f} of a core; each client over "
                          f"its window: {min(client):.2f}–{max(client):.2f}.")
-        lines += _waves_line(group) + _engine_table(group) + _sub_table(group)
+        lines += _waves_line(group) + _engine_table(group) + _clock_table(group) + _sub_table(group)
     return "\n".join(lines)
 
 

@@ -20,15 +20,22 @@ stop the waves of one request's life that the load moves in (results/twin-long-h
 not: with the tiny model they re-form within seconds, the requests gathering in vLLM's API
 server between engine passes (results/twin-waves-h200x2).
 
+``--jitter-ms J`` makes each stream pause a random 0–J ms (uniform) before each of its next
+requests: a direct side whose successors reach vLLM spread out, as a proxy spreads them by relaying
+one request after another (twin_pairs.py's ``jb``/``ja`` passes). It takes J/2 ms per request out
+of the loop on average, which ``mean_in_flight`` shows.
+
 Figures: output tokens/s (tokens received inside the window ÷ its length, by vLLM's running
 ``completion_tokens`` in each chunk, which it adds with ``continuous_usage_stats``; a server without
 it counts one per event), and how many tokens an event carried, TTFT p50/p99 of the requests sent
-inside the window (one still waiting at the end counts as the slowest), the median time to their
-response head (vLLM's server sends it when its handler returns the stream, after parsing and
-tokenizing, before the stream asks the engine: TTFT's part before the engine), the gaps between
-a stream's events inside the window, the tokens of each second of it and the TTFTs of the
-requests sent in each (twin_stats.py's sub-windows), requests in flight (their summed time inside
-the window ÷ its length), errors, and this process's CPU share over the window.
+inside the window (one still waiting at the end counts as the slowest) and their mean, the median
+and mean time to their response head (vLLM's server sends it when its handler returns the stream,
+after parsing and tokenizing, before the stream asks the engine: TTFT's part before the engine),
+the gaps between a stream's events inside the window, the mean life of the requests sent in it
+that ended (sent to the stream's end: a closed loop's request rate is conc ÷ that), the tokens of
+each second of it and the TTFTs of the requests sent in each (twin_stats.py's sub-windows),
+requests in flight (their summed time inside the window ÷ its length), errors, and this process's
+CPU share over the window.
 """
 
 from __future__ import annotations
@@ -69,6 +76,7 @@ class Side:
         # time to the response head of requests sent in the window: vLLM sends it once its API
         # server has parsed and tokenized the request, before the engine has it
         self.heads: list[float] = []
+        self.lives: list[float] = []  # sent in the window -> the end of its stream, when it ended
         # each TTFT by the second it was sent in (ms): the same question for TTFT p50
         self.ttft_ms_each_second: list[list[int]] = [[] for _ in self.per_second]
         self.waiting: dict[int, float] = {}  # requests sent in the window, no first token yet: id -> sent
@@ -100,13 +108,18 @@ class Side:
         return {"output_throughput": round(self.tokens / span, 1),
                 "median_ttft_ms": round(pct(ttfts, 50) * 1000, 1) if ttfts else None,
                 "p99_ttft_ms": round(pct(ttfts, 99) * 1000, 1) if ttfts else None,
-                "median_head_ms": round(pct(self.heads, 50) * 1000, 1) if self.heads else None,
+                "mean_ttft_ms": _mean_ms(ttfts), "median_head_ms": round(pct(self.heads, 50) * 1000, 1)
+                if self.heads else None, "mean_head_ms": _mean_ms(self.heads), "mean_life_ms": _mean_ms(self.lives),
                 "median_itl_ms": round(pct(self.gaps, 50) * 1000, 2) if self.gaps else None,
                 "mean_itl_ms": round(sum(self.gaps) / len(self.gaps) * 1000, 2) if self.gaps else None,
                 "tokens_per_event": round(self.tokens / self.events, 3) if self.events else None,
                 "mean_in_flight": round(self.busy / span, 1), "requests_in_window": self.sent_in_window,
                 "no_first_token": len(self.waiting), "errors": self.errors, "tokens_each_second": self.per_second,
                 "ttft_ms_each_second": each}
+
+
+def _mean_ms(xs: list[float]) -> float | None:
+    return round(sum(xs) / len(xs) * 1000, 1) if xs else None
 
 
 def prompts(tokenizer_dir: str, seed: int) -> Iterator[str]:
@@ -166,6 +179,8 @@ async def stream(http: aiohttp.ClientSession, url: str, body: dict[str, Any], ri
                     side.events += 1
                     side.per_second[side.second(now)] += new
                 last = now
+        if counted:
+            side.lives.append(time.monotonic() - sent)
     except aiohttp.ClientError:
         side.errors += 1
         side.waiting.pop(rid, None)
@@ -184,10 +199,15 @@ async def loop(a: argparse.Namespace) -> dict[str, Any]:
     texts = prompts(a.tokenizer, a.seed)
     url = a.base.rstrip("/") + "/v1/completions"
     ids = iter(range(1 << 62))
+    pause = random.Random(a.seed).uniform
 
     async def worker(http: aiohttp.ClientSession, i: int) -> None:
         await asyncio.sleep(max(0.0, a.t0 + start_delay(i, a.conc, a.ramp) - time.monotonic()))
+        first = True
         while time.monotonic() < stop:
+            if a.jitter_ms and not first:
+                await asyncio.sleep(pause(0.0, a.jitter_ms) / 1000)
+            first = False
             body = {"model": a.model, "prompt": next(texts), "max_tokens": OUTPUT_LEN, "ignore_eos": True,
                     "temperature": 0.0, "stream": True,
                     "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
@@ -227,6 +247,8 @@ def main() -> None:
     ap.add_argument("--window", type=float, default=30.0)
     ap.add_argument("--tail", type=float, default=10.0)
     ap.add_argument("--ramp", type=float, default=0.0, help="seconds over which the streams start, one by one")
+    ap.add_argument("--jitter-ms", type=float, default=0.0,
+                    help="a random pause of 0 to this many ms before each stream's next request")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
