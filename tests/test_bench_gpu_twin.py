@@ -282,3 +282,34 @@ def test_the_waves_write_up_matches_its_rows(capsys: pytest.CaptureFixture[str])
     engine = capsys.readouterr().out
     assert "| 0 | gb | gateway:b | 3314.6 | 12192.2 | 196 (135–308) | 0 | 511 |" in engine
     assert "| 2 | gb | direct:a | 2081.2 | 12532.4 | 324 (5–512) | 0 | 0 |" in engine
+
+
+def test_swap_pairs_never_join_two_runs() -> None:
+    stats = _load("twin_stats")
+    rows = [{**_pass("gb", 100, 100, 0.9), "_file": 0}, {**_pass("ga", 100, 100, 1.1), "_file": 1},
+            {**_pass("gb", 100, 100, 0.8), "_file": 1}]
+    # the first run's gb has no ga of its own; the second run's ga pairs with its own gb
+    assert stats.swap_pairs(rows, "output_throughput") == [pytest.approx(math.sqrt(1.1 * 0.8))]
+
+
+def test_the_clocks_write_up_matches_its_rows(capsys: pytest.CaptureFixture[str]) -> None:
+    """twin-clocks-h200x2's README quotes twin_stats.py over its rows, and over every twin run's."""
+    stats = _load("twin_stats")
+    results = Path(__file__).resolve().parents[1] / "bench/gpu/results"
+    stats.main([str(results / "twin-clocks-h200x2/rows.json.gz")])
+    out = capsys.readouterr().out
+    assert "| TTFT p50 | 1.053 (0.962–1.110), 2 of 3 | 1.097 0.871 1.000 / 1.011 1.062 1.231 |" in out
+    assert "| tokens/s | 0.989 (0.971–1.007), 1 of 2 | 0.956 0.972 / 0.986 1.043 |" in out
+    assert "| TTFT p50 | 0.759 (0.724–0.793), 0 of 2 | 0.718 0.765 / 0.730 0.823 |" in out
+    assert "| 1 | ga | gateway:a | 1955 | 699 | 1633 | 0 | 322 | 3841 | 3546 | 295 |" in out
+    assert "| 1 | ga | direct:b | 1886 | 634 | 1625 | 0 | 260 | 3698 | 3393 | 304 |" in out
+    assert "| TTFT p50 | 0.930 (0.930–0.930), 0 of 1 | 0.996 / 0.868 |" in out  # the jitter pair
+    stats.main([str(results / p) for p in ("twin-h200x2/rows.json", "twin-long-h200x2/rows.json.gz",
+                                            "twin-waves-h200x2/rows-ramp.json.gz",
+                                            "twin-waves-h200x2/rows-engine.json.gz",
+                                            "twin-clocks-h200x2/rows.json.gz")])
+    pooled = capsys.readouterr().out
+    for line in ("| tokens/s | 0.960 (0.923–0.972), 1 of 7 |", "| TTFT p50 | 1.047 (0.998–1.088), 5 of 7 |",
+                 "| tokens/s | 1.002 (0.928–1.008), 7 of 13 |", "| TTFT p50 | 1.053 (0.994–1.133), 8 of 13 |",
+                 "| tokens/s | 1.013 (0.992–1.031), 6 of 9 |", "| TTFT p50 | 1.040 (0.898–1.065), 5 of 9 |"):
+        assert line in pooled

@@ -8,11 +8,12 @@ fewer of its requests decode at once, and these samples say whether the rest wai
 scheduler or before it (in the gateway, on a connection, in vLLM's HTTP server).
 
 Each sample also keeps the sums and counts of three of vLLM's own histograms, so that a window's
-means by vLLM's clocks can be set beside the client's (``vllm_means``): time to first token from
-the request's arrival in vLLM's engine client (after its HTTP server parsed and tokenized it) to
-its output processor handling the first token, time waiting in the scheduler's queue, and the
-request's whole life from that arrival. What the client measures beyond vLLM's TTFT is spent in
-the gateway, on the sockets and in vLLM's HTTP server, before the arrival or after the output.
+means by vLLM's clocks can be set beside the client's (``vllm_means``): time to first token, time
+waiting in the scheduler's queue, and the request's whole life. vLLM 0.24.0 starts that clock when
+its completion handler begins to render the prompt (``arrival_time`` in vllm/renderers/base.py,
+before tokenizing), after its HTTP server parsed and validated the request; TTFT ends when its
+output processor handles the first token. What the client measures beyond vLLM's TTFT is spent in
+the gateway, on the sockets and in vLLM's HTTP server, before the handler or after the output.
 """
 
 from __future__ import annotations

@@ -62,16 +62,17 @@ def pass_ratio(row: dict[str, Any], key: str) -> float | None:
 
 def swap_pairs(rows: list[dict[str, Any]], key: str) -> list[float]:
     """Each ``gb`` with the ``ga`` that follows or precedes it in run order, one pass in one pair
-    (``jb`` with ``ja`` alike: give it one family's rows)."""
+    (``jb`` with ``ja`` alike: give it one family's rows), never two passes of different runs
+    (``main`` marks each row's file)."""
     out, held = [], None
     for r in rows:
         if r["kind"] == "aa" or (ratio := pass_ratio(r, key)) is None:
             continue
-        if held is not None and held[0] != r["kind"]:
+        if held is not None and held[0] != r["kind"] and held[2] == r.get("_file"):
             out.append(math.sqrt(held[1] * ratio))
             held = None
         else:
-            held = (r["kind"], ratio)
+            held = (r["kind"], ratio, r.get("_file"))
     return out
 
 
@@ -267,7 +268,7 @@ def report(rows: list[dict[str, Any]]) -> str:
             lines.append(f"| {label} | {mid} | {' / '.join(' '.join(v) or '—' for v in by_kind.values())} "
                          f"| {_log_sd(pairs)} ({len(pairs)}) | {_log_sd(aa)} ({len(aa)}) | {_log_sd(seq)} ({len(seq)}) "
                          f"| {_needed(pairs, 0.01)} / {_needed(pairs, 0.05)} |")
-        cpu = [r["gateway_cpu_share"] for r in group if r["kind"] != "aa" and "gateway_cpu_share" in r]
+        cpu = [r["gateway_cpu_share"] for r in group if r["kind"] in ("gb", "ga") and "gateway_cpu_share" in r]
         client = [s["client_cpu_share"] for r in group for s in r["sides"].values() if "client_cpu_share" in s]
         if cpu and client:
             lines.append(f"\nGateway CPU over a pass: {min(cpu):.2f}–{max(cpu):.2f} of a core; each client over "
@@ -277,9 +278,10 @@ def report(rows: list[dict[str, Any]]) -> str:
 
 
 def main(paths: list[str]) -> None:
-    # a long run's rows (each request's TTFT) are kept gzipped in results/
-    rows = [r for p in paths for r in json.loads(gzip.decompress(Path(p).read_bytes()) if p.endswith(".gz")
-                                                 else Path(p).read_text())]
+    # a long run's rows (each request's TTFT) are kept gzipped in results/; several runs pool
+    # their swap pairs, each pair within one file
+    rows = [{**r, "_file": i} for i, p in enumerate(paths)
+            for r in json.loads(gzip.decompress(Path(p).read_bytes()) if p.endswith(".gz") else Path(p).read_text())]
     print(report(rows))
 
 
