@@ -258,11 +258,18 @@ def test_one_twin_pass_through_real_sockets(kind: str, tmp_path: Path, monkeypat
     assert served[0] > 0 and served[1] > 0
 
 
+RESULTS = Path(__file__).resolve().parents[1] / "bench/gpu/results"
+
+
+def _report(capsys: pytest.CaptureFixture[str], *rows_files: str) -> str:
+    """What ``twin_stats.py`` prints over committed rows files (paths under bench/gpu/results)."""
+    _load("twin_stats").main([str(RESULTS / f) for f in rows_files])
+    return capsys.readouterr().out
+
+
 def test_the_long_run_write_up_matches_its_rows(capsys: pytest.CaptureFixture[str]) -> None:
     """twin-long-h200x2's README quotes twin_stats.py over its gzipped rows: the figures must be those."""
-    stats = _load("twin_stats")
-    stats.main([str(Path(__file__).resolve().parents[1] / "bench/gpu/results/twin-long-h200x2/rows.json.gz")])
-    out = capsys.readouterr().out
+    out = _report(capsys, "twin-long-h200x2/rows.json.gz")
     assert "| tokens/s | 1.007 (0.967–1.025), 3 of 4 |" in out
     assert "| TTFT p50 | 1.063 (0.994–1.130), 2 of 4 |" in out
     assert "would spread by 0.035 (from T = 60 s); swap pairs' sd × √2, one pass's share: 0.063 (4 pairs)" in out
@@ -271,15 +278,11 @@ def test_the_long_run_write_up_matches_its_rows(capsys: pytest.CaptureFixture[st
 
 def test_the_waves_write_up_matches_its_rows(capsys: pytest.CaptureFixture[str]) -> None:
     """twin-waves-h200x2's README quotes twin_stats.py over its two runs' rows."""
-    stats = _load("twin_stats")
-    here = Path(__file__).resolve().parents[1] / "bench/gpu/results/twin-waves-h200x2"
-    stats.main([str(here / "rows-ramp.json.gz")])
-    ramp = capsys.readouterr().out
+    ramp = _report(capsys, "twin-waves-h200x2/rows-ramp.json.gz")
     assert "| TTFT p50 | 1.225 (1.218–1.231), 2 of 2 | 1.427 1.107 / 1.062 1.340 |" in ramp
     assert "| tokens/s | 0.966 (0.960–0.972), 0 of 2 | 0.976 0.920 / 0.944 1.027 |" in ramp
     assert "cv 0.38–0.76, busiest second 2.0–3.3× the mean, autocorrelation peaks at a lag of 5–11 s" in ramp
-    stats.main([str(here / "rows-engine.json.gz")])
-    engine = capsys.readouterr().out
+    engine = _report(capsys, "twin-waves-h200x2/rows-engine.json.gz")
     assert "| 0 | gb | gateway:b | 3314.6 | 12192.2 | 196 (135–308) | 0 | 511 |" in engine
     assert "| 2 | gb | direct:a | 2081.2 | 12532.4 | 324 (5–512) | 0 | 0 |" in engine
 
@@ -294,21 +297,16 @@ def test_swap_pairs_never_join_two_runs() -> None:
 
 def test_the_clocks_write_up_matches_its_rows(capsys: pytest.CaptureFixture[str]) -> None:
     """twin-clocks-h200x2's README quotes twin_stats.py over its rows, and over every twin run's."""
-    stats = _load("twin_stats")
-    results = Path(__file__).resolve().parents[1] / "bench/gpu/results"
-    stats.main([str(results / "twin-clocks-h200x2/rows.json.gz")])
-    out = capsys.readouterr().out
+    out = _report(capsys, "twin-clocks-h200x2/rows.json.gz")
     assert "| TTFT p50 | 1.053 (0.962–1.110), 2 of 3 | 1.097 0.871 1.000 / 1.011 1.062 1.231 |" in out
     assert "| tokens/s | 0.989 (0.971–1.007), 1 of 2 | 0.956 0.972 / 0.986 1.043 |" in out
     assert "| TTFT p50 | 0.759 (0.724–0.793), 0 of 2 | 0.718 0.765 / 0.730 0.823 |" in out
     assert "| 1 | ga | gateway:a | 1955 | 699 | 1633 | 0 | 322 | 3841 | 3546 | 295 |" in out
     assert "| 1 | ga | direct:b | 1886 | 634 | 1625 | 0 | 260 | 3698 | 3393 | 304 |" in out
     assert "| TTFT p50 | 0.930 (0.930–0.930), 0 of 1 | 0.996 / 0.868 |" in out  # the jitter pair
-    stats.main([str(results / p) for p in ("twin-h200x2/rows.json", "twin-long-h200x2/rows.json.gz",
-                                            "twin-waves-h200x2/rows-ramp.json.gz",
-                                            "twin-waves-h200x2/rows-engine.json.gz",
-                                            "twin-clocks-h200x2/rows.json.gz")])
-    pooled = capsys.readouterr().out
+    pooled = _report(capsys, "twin-h200x2/rows.json", "twin-long-h200x2/rows.json.gz",
+                     "twin-waves-h200x2/rows-ramp.json.gz", "twin-waves-h200x2/rows-engine.json.gz",
+                     "twin-clocks-h200x2/rows.json.gz")
     for line in ("| tokens/s | 0.960 (0.923–0.972), 1 of 7 |", "| TTFT p50 | 1.047 (0.998–1.088), 5 of 7 |",
                  "| tokens/s | 1.002 (0.928–1.008), 7 of 13 |", "| TTFT p50 | 1.053 (0.994–1.133), 8 of 13 |",
                  "| tokens/s | 1.013 (0.992–1.031), 6 of 9 |", "| TTFT p50 | 1.040 (0.898–1.065), 5 of 9 |"):

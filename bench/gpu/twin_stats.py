@@ -185,9 +185,10 @@ def _engine_table(group: list[dict[str, Any]]) -> list[str]:
 
 def _clock_table(group: list[dict[str, Any]]) -> list[str]:
     """Passes with vLLM's clocks (in_pass.vllm_means): each side's mean TTFT and request life as
-    its client measured them, beside vLLM's own from the request's arrival in its engine client;
-    the difference is time in the gateway, on the sockets and in vLLM's HTTP server. The response
-    head comes once vLLM's HTTP server has parsed and tokenized the request."""
+    its client measured them, beside vLLM's own, which start when its handler renders the prompt;
+    the difference is time in the gateway, on the sockets and in vLLM's HTTP server before the
+    handler and after the output processor. The response head comes once the handler has
+    tokenized the request and returned the stream."""
     lines = []
     for r in group:
         for path, side in r["sides"].items():

@@ -32,7 +32,8 @@ inside the window (one still waiting at the end counts as the slowest) and their
 and mean time to their response head (vLLM's server sends it when its handler returns the stream,
 after parsing and tokenizing, before the stream asks the engine: TTFT's part before the engine),
 the gaps between a stream's events inside the window, the mean life of the requests sent in it
-that ended (sent to the stream's end: a closed loop's request rate is conc ÷ that), the tokens of
+that ended by the end of the tail (sent to the stream's end: a closed loop's request rate is conc
+÷ that; biased short when a life is longer than the tail), the tokens of
 each second of it and the TTFTs of the requests sent in each (twin_stats.py's sub-windows),
 requests in flight (their summed time inside the window ÷ its length), errors, and this process's
 CPU share over the window.
