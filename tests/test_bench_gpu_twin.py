@@ -304,6 +304,12 @@ def test_the_clocks_write_up_matches_its_rows(capsys: pytest.CaptureFixture[str]
     assert "| 1 | ga | gateway:a | 1955 | 699 | 1633 | 0 | 322 | 3841 | 3546 | 295 |" in out
     assert "| 1 | ga | direct:b | 1886 | 634 | 1625 | 0 | 260 | 3698 | 3393 | 304 |" in out
     assert "| TTFT p50 | 0.930 (0.930–0.930), 0 of 1 | 0.996 / 0.868 |" in out  # the jitter pair
+    for line in ("each pass: +1, +17, +19, -14 ms (median +9)",
+                 "each pass: -12, +61, +21, +67, +1, +27 ms (median +24)",
+                 "each pass: +65, -24, -152, +99 ms (median +21)",
+                 "the jitter side's − the direct side's, each pass: -96, +39",
+                 "1.125 / 1.103, 1.005 / 1.037, 0.940 / 0.957, 1.040 / 1.069, 1.003 / 1.003, 1.154 / 1.150"):
+        assert line in out
     pooled = _report(capsys, "twin-h200x2/rows.json", "twin-long-h200x2/rows.json.gz",
                      "twin-waves-h200x2/rows-ramp.json.gz", "twin-waves-h200x2/rows-engine.json.gz",
                      "twin-clocks-h200x2/rows.json.gz")

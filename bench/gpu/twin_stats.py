@@ -189,22 +189,34 @@ def _clock_table(group: list[dict[str, Any]]) -> list[str]:
     the difference is time in the gateway, on the sockets and in vLLM's HTTP server before the
     handler and after the output processor. The response head comes once the handler has
     tokenized the request and returned the stream."""
-    lines = []
+    lines, outside, ratios, label = [], [], [], ""
     for r in group:
+        each = {}  # path -> (the client's mean TTFT, vLLM's)
         for path, side in r["sides"].items():
             clock = (r.get("vllm_clock") or {}).get(path) or {}
             ttft, head, life = (side.get(f"mean_{k}_ms") for k in ("ttft", "head", "life"))
             v_ttft, queue, e2e = (clock.get(f"vllm_{k}_ms") for k in ("ttft", "queue", "e2e"))
             if ttft is None or head is None or life is None or v_ttft is None or queue is None or e2e is None:
                 continue
+            each[path] = (ttft, v_ttft)
             lines.append(f"| {r['pass']} | {r['kind']} | {path} | {ttft:.0f} | {head:.0f} | {v_ttft:.0f} | {queue:.0f} "
                          f"| {ttft - v_ttft:.0f} | {life:.0f} | {e2e:.0f} | {life - e2e:.0f} |")
+        num = next((p for p in each if not p.startswith("direct")), None)
+        den = next((p for p in each if p.startswith("direct")), None)
+        if r["kind"] != "aa" and num and den:
+            (n, n_v), (d, d_v) = each[num], each[den]
+            outside.append((n - n_v) - (d - d_v))
+            ratios.append(f"{n_v / d_v:.3f} / {n / d:.3f}")
+            label = num.split(":")[0]
     if not lines:
         return []
+    summary = [f"\nTTFT outside vLLM's clock, the {label} side's − the direct side's, each pass: "
+               f"{', '.join(f'{x:+.0f}' for x in outside)} ms (median {statistics.median(outside):+.0f}); "
+               f"mean TTFT {label} ÷ direct, vLLM's / the client's, each pass: {', '.join(ratios)}."] if outside else []
     return ["\nMeans in ms, by the client and by vLLM's clocks (in_pass.py):\n",
             "| pass | kind | side | TTFT | response head | vLLM's TTFT | vLLM's queue | TTFT outside vLLM's "
             "| request's life | vLLM's e2e | life outside vLLM's |", "|---|---|---|---|---|---|---|---|---|---|---|",
-            *lines]
+            *lines, *summary]
 
 
 def _sub_table(group: list[dict[str, Any]]) -> list[str]:
