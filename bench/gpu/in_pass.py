@@ -35,13 +35,14 @@ _SUMS = {k: [re.compile(rf"^{re.escape(n)}_{part}\{{[^}}]*\}} (\S+)$", re.M) for
          for k, n in CLOCKS.items()}
 
 
-def _gauge(pattern: re.Pattern[str], text: str) -> float:
+def gauge(pattern: re.Pattern[str], text: str) -> float:
+    """The sum of ``pattern``'s values in a /metrics text (over its label sets)."""
     return sum(float(v) for v in pattern.findall(text))
 
 
 def clocks(text: str) -> list[float]:
     """``CLOCKS``' sums and counts so far in a vLLM's /metrics, in order: sum, count, sum, ..."""
-    return [_gauge(p, text) for pair in _SUMS.values() for p in pair]
+    return [gauge(p, text) for pair in _SUMS.values() for p in pair]
 
 
 class Sampler(threading.Thread):
@@ -70,7 +71,7 @@ class Sampler(threading.Thread):
                     except httpx.HTTPError:
                         continue
                     c = conns.get(name, {})
-                    self.rows[name].append([t, _gauge(_RUNNING, text), _gauge(_WAITING, text),
+                    self.rows[name].append([t, gauge(_RUNNING, text), gauge(_WAITING, text),
                                             c.get("open", 0), c.get("idle", 0),
                                             *clocks(text)])
 
@@ -108,10 +109,10 @@ def vllm_means(rows: list[list[float]], start: float, end: float) -> dict[str, f
         return None
     first, last = inside[0], inside[-1]
     out: dict[str, float | None] = {}
+    counts: dict[str, float] = {}
     for i, key in enumerate(CLOCKS):
         at = 1 + len(GAUGES) + 2 * i
-        total, n = last[at] - first[at], last[at + 1] - first[at + 1]
-        out[f"{key}_ms"] = round(total / n * 1000, 1) if n > 0 else None
-    at = 1 + len(GAUGES) + 1
-    out["first_tokens"] = last[at] - first[at]
+        total, counts[key] = last[at] - first[at], last[at + 1] - first[at + 1]
+        out[f"{key}_ms"] = round(total / counts[key] * 1000, 1) if counts[key] > 0 else None
+    out["first_tokens"] = counts["vllm_ttft"]
     return out

@@ -50,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_clients import cpu_seconds
 from detached_up import launch_up, placed, stop
 from gpu_fleet import GW, base_fleet, fleet_healthy, inst, instances, wait
-from in_pass import Sampler, instance, means, vllm_means
+from in_pass import Sampler, gauge, instance, means, vllm_means
 from pin import cores
 from twin_stats import report
 
@@ -89,7 +89,7 @@ def start(model_dir: str, w: Path) -> dict[str, Any]:
 
 
 def _sum(pattern: re.Pattern[str], url: str) -> float:
-    return sum(float(v) for v in pattern.findall(httpx.get(url, timeout=10).text))
+    return gauge(pattern, httpx.get(url, timeout=10).text)
 
 
 def _drain(timeout: float = 60.0) -> float:

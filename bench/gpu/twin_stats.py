@@ -44,13 +44,20 @@ KEYS = (("output_throughput", "tokens/s"), ("median_ttft_ms", "TTFT p50"), ("p99
 FAMILIES = {"gateway": ("gb", "ga", "aa"), "jitter": ("jb", "ja")}
 
 
-def _num_den(row: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """A pass's two sides as the ratio takes them: gateway (or jittered) ÷ direct, for ``aa`` b ÷ a."""
-    s = row["sides"]
+def _paths(row: dict[str, Any]) -> tuple[str | None, str | None]:
+    """A pass's two sides' paths as the ratio takes them: gateway (or jittered) ÷ direct, for ``aa``
+    b ÷ a."""
     if row["kind"] == "aa":
-        return s.get("direct:b", {}), s.get("direct:a", {})
-    return (next((v for p, v in s.items() if not p.startswith("direct")), {}),
-            next((v for p, v in s.items() if p.startswith("direct")), {}))
+        return "direct:b", "direct:a"
+    s = row["sides"]
+    return (next((p for p in s if not p.startswith("direct")), None),
+            next((p for p in s if p.startswith("direct")), None))
+
+
+def _num_den(row: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A pass's two sides as the ratio takes them (``_paths``)."""
+    num, den = _paths(row)
+    return row["sides"].get(num, {}), row["sides"].get(den, {})
 
 
 def pass_ratio(row: dict[str, Any], key: str) -> float | None:
@@ -201,9 +208,8 @@ def _clock_table(group: list[dict[str, Any]]) -> list[str]:
             each[path] = (ttft, v_ttft)
             lines.append(f"| {r['pass']} | {r['kind']} | {path} | {ttft:.0f} | {head:.0f} | {v_ttft:.0f} | {queue:.0f} "
                          f"| {ttft - v_ttft:.0f} | {life:.0f} | {e2e:.0f} | {life - e2e:.0f} |")
-        num = next((p for p in each if not p.startswith("direct")), None)
-        den = next((p for p in each if p.startswith("direct")), None)
-        if r["kind"] != "aa" and num and den:
+        num, den = _paths(r)
+        if r["kind"] != "aa" and num and den and {num, den} <= each.keys():
             (n, n_v), (d, d_v) = each[num], each[den]
             outside.append((n - n_v) - (d - d_v))
             ratios.append(f"{n_v / d_v:.3f} / {n / d:.3f}")
@@ -241,18 +247,20 @@ def _sub_table(group: list[dict[str, Any]]) -> list[str]:
 
 
 def _heading(conc: int, family: str, group: list[dict[str, Any]]) -> list[str]:
-    n = {k: sum(1 for r in group if r["kind"] == k) for k in FAMILIES[family]}
+    kinds = FAMILIES[family]
+    n = {k: sum(1 for r in group if r["kind"] == k) for k in kinds}
     if family == "gateway":
-        return [f"\n### {conc:,} streams per side ({n['gb']} gb, {n['ga']} ga, {n['aa']} aa passes; "
-                f"{sum(r.get('queued', 0) for r in group)} requests queued in the gateway)\n",
-                "| measure | gateway ÷ direct, median of swap pairs (90 % interval), above 1 | passes gb / ga "
-                "| sd: swap pairs (n) | sd: aa, b ÷ a at once (n) | sd: one instance, pass to pass (n) "
-                "| swap pairs for ±1 % / ±5 % |"]
-    jitter = sorted({r.get("jitter_ms") for r in group})
-    return [f"\n### {conc:,} streams per side, direct both, one pausing 0–{'/'.join(map(str, jitter))} ms before "
-            f"each request ({n['jb']} jb, {n['ja']} ja passes)\n",
-            "| measure | jittered ÷ direct, median of swap pairs (90 % interval), above 1 | passes jb / ja "
-            "| sd: swap pairs (n) | sd: aa, b ÷ a at once (n) | sd: one instance, pass to pass (n) "
+        title = (f"{conc:,} streams per side ({n['gb']} gb, {n['ga']} ga, {n['aa']} aa passes; "
+                 f"{sum(r.get('queued', 0) for r in group)} requests queued in the gateway)")
+        label = "gateway"
+    else:
+        jitter = sorted({r.get("jitter_ms") for r in group})
+        title = (f"{conc:,} streams per side, direct both, one pausing 0–{'/'.join(map(str, jitter))} ms before "
+                 f"each request ({n['jb']} jb, {n['ja']} ja passes)")
+        label = "jittered"
+    return [f"\n### {title}\n",
+            f"| measure | {label} ÷ direct, median of swap pairs (90 % interval), above 1 | passes {kinds[0]} / "
+            f"{kinds[1]} | sd: swap pairs (n) | sd: aa, b ÷ a at once (n) | sd: one instance, pass to pass (n) "
             "| swap pairs for ±1 % / ±5 % |"]
 
 

@@ -109,18 +109,19 @@ class Side:
         return {"output_throughput": round(self.tokens / span, 1),
                 "median_ttft_ms": round(pct(ttfts, 50) * 1000, 1) if ttfts else None,
                 "p99_ttft_ms": round(pct(ttfts, 99) * 1000, 1) if ttfts else None,
-                "mean_ttft_ms": _mean_ms(ttfts), "median_head_ms": round(pct(self.heads, 50) * 1000, 1)
-                if self.heads else None, "mean_head_ms": _mean_ms(self.heads), "mean_life_ms": _mean_ms(self.lives),
+                "mean_ttft_ms": _mean_ms(ttfts),
+                "median_head_ms": round(pct(self.heads, 50) * 1000, 1) if self.heads else None,
+                "mean_head_ms": _mean_ms(self.heads), "mean_life_ms": _mean_ms(self.lives),
                 "median_itl_ms": round(pct(self.gaps, 50) * 1000, 2) if self.gaps else None,
-                "mean_itl_ms": round(sum(self.gaps) / len(self.gaps) * 1000, 2) if self.gaps else None,
+                "mean_itl_ms": _mean_ms(self.gaps, 2),
                 "tokens_per_event": round(self.tokens / self.events, 3) if self.events else None,
                 "mean_in_flight": round(self.busy / span, 1), "requests_in_window": self.sent_in_window,
                 "no_first_token": len(self.waiting), "errors": self.errors, "tokens_each_second": self.per_second,
                 "ttft_ms_each_second": each}
 
 
-def _mean_ms(xs: list[float]) -> float | None:
-    return round(sum(xs) / len(xs) * 1000, 1) if xs else None
+def _mean_ms(xs: list[float], places: int = 1) -> float | None:
+    return round(sum(xs) / len(xs) * 1000, places) if xs else None
 
 
 def prompts(tokenizer_dir: str, seed: int) -> Iterator[str]:
@@ -204,15 +205,13 @@ async def loop(a: argparse.Namespace) -> dict[str, Any]:
 
     async def worker(http: aiohttp.ClientSession, i: int) -> None:
         await asyncio.sleep(max(0.0, a.t0 + start_delay(i, a.conc, a.ramp) - time.monotonic()))
-        first = True
         while time.monotonic() < stop:
-            if a.jitter_ms and not first:
-                await asyncio.sleep(pause(0.0, a.jitter_ms) / 1000)
-            first = False
             body = {"model": a.model, "prompt": next(texts), "max_tokens": OUTPUT_LEN, "ignore_eos": True,
                     "temperature": 0.0, "stream": True,
                     "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
             await stream(http, url, body, next(ids), side)
+            if a.jitter_ms:  # before the next request, which the loop's test may still call off
+                await asyncio.sleep(pause(0.0, a.jitter_ms) / 1000)
 
     conn = aiohttp.TCPConnector(limit=0, force_close=False)
     async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=None)) as http:
