@@ -36,6 +36,7 @@ from starlette.types import Receive, Scope, Send
 from gateway import errors
 from gateway.activity import Entry, completion_tokens, prompt_excerpt, record_tokens_later
 from gateway.backend import Backend
+from gateway.coalesce import BODY_WRITE
 from gateway.ejection import Ejector
 from gateway.inbound import (
     BadRequest,
@@ -245,7 +246,9 @@ class Proxy:
         # A body still to come: relayed by Stream, which continues a broken completion stream on
         # another replica where it can, and releases every leg it used.
         plan = plan_for(scope["path"], doc, self.settings.max_migrations)
-        stream = Stream(self.streams, send, out, plan, deadline, tried, first_byte)
+        writes = scope.get(BODY_WRITE)  # the gateway's own protocol's (coalesce.py); absent under others
+        stream = Stream(self.streams, send, out, plan, deadline, tried, first_byte,
+                        writes(scope) if writes is not None else None)
         try:
             ended = await stream.run(leg)
         finally:  # also when the client left right after [DONE] and took the task with it

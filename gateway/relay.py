@@ -7,7 +7,9 @@ no task wake-up per chunk. When it does suspend (the client's socket buffer is f
 waits for it to drain), the half-run coroutine is kept, the upstream connection pauses reading,
 and the request's task finishes it with ``drain()``, awaiting what the coroutine waits for, as a
 task would. Nothing is assumed about the server beyond ASGI: any ``send`` works, at worst on the
-slow path.
+slow path. Under the gateway's own protocol (coalesce.py) a relay also gets the server's chunk
+write for its response, which frames and writes a chunk with neither the message dict nor the
+coroutine; where that write declines (the client is slow or gone), the ``send`` takes the chunk.
 
 A relay keeps the last chunk it sent: when the client disconnects, ``answered()`` says whether
 that chunk ended with ``data: [DONE]``, the whole answer. Then the disconnect is not a cancel
@@ -32,16 +34,20 @@ from starlette.types import Send
 from gateway.sse import COMPACT_BYTES, Splice, Transcript, event_end
 
 _Step = Coroutine[Any, Any, None]
+# The server's own chunk write for this response (coalesce.BodyWrite): True when it wrote the
+# chunk, False when the ASGI send must (not yet streaming, the client slow or gone).
+Write = Callable[[bytes], bool]
 _DONE = b"data: [DONE]\n\n"
 
 
 class ClientRelay:
     """The sink for one response's body (connection.Sink), and its slow path."""
 
-    __slots__ = ("_first", "_last", "_pending", "_send", "error", "on_first")
+    __slots__ = ("_first", "_last", "_pending", "_send", "_write", "error", "on_first")
 
-    def __init__(self, send: Send, on_first: Callable[[], None]) -> None:
+    def __init__(self, send: Send, on_first: Callable[[], None], write: Write | None = None) -> None:
         self._send = send
+        self._write = write
         self._last = b""
         self._first = True
         self._pending: tuple[_Step, Any] | None = None
@@ -55,6 +61,9 @@ class ClientRelay:
         if self.error is not None:
             return False
         self._last = chunk
+        write = self._write
+        if write is not None and write(chunk):
+            return True
         coro: _Step = self._send({"type": "http.response.body", "body": chunk, "more_body": True})  # type: ignore[assignment]
         try:
             yielded = coro.send(None)
@@ -100,8 +109,9 @@ class StreamRelay(ClientRelay):
 
     __slots__ = ("_kept", "_size", "_tail", "transcript")
 
-    def __init__(self, send: Send, on_first: Callable[[], None], transcript: Transcript) -> None:
-        super().__init__(send, on_first)
+    def __init__(self, send: Send, on_first: Callable[[], None], transcript: Transcript,
+                 write: Write | None = None) -> None:
+        super().__init__(send, on_first, write)
         self.transcript = transcript
         self._kept = transcript.kept
         self._size = 0  # bytes kept since the last compaction
@@ -123,6 +133,9 @@ class StreamRelay(ClientRelay):
         if self.error is not None:
             return False
         self._last = chunk
+        write = self._write
+        if write is not None and write(chunk):
+            return True
         coro: _Step = self._send({"type": "http.response.body", "body": chunk, "more_body": True})  # type: ignore[assignment]
         try:
             yielded = coro.send(None)
@@ -153,8 +166,8 @@ class SpliceRelay(ClientRelay):
 
     __slots__ = ("splice",)
 
-    def __init__(self, send: Send, on_first: Callable[[], None], splice: Splice) -> None:
-        super().__init__(send, on_first)
+    def __init__(self, send: Send, on_first: Callable[[], None], splice: Splice, write: Write | None = None) -> None:
+        super().__init__(send, on_first, write)
         self.splice = splice
 
     def __call__(self, chunk: bytes) -> bool:

@@ -37,7 +37,7 @@ from gateway.limiter import Rejected
 from gateway.metrics import GatewayMetrics
 from gateway.opener import CLIENT_CLOSED, Leg, Opener, OpenFailed, Outbound
 from gateway.pool import BackendPool
-from gateway.relay import ClientRelay, SpliceRelay, StreamRelay
+from gateway.relay import ClientRelay, SpliceRelay, StreamRelay, Write
 from gateway.settings import GatewaySettings
 from gateway.sse import Splice, Transcript
 from gateway.state import BackendState
@@ -96,9 +96,10 @@ class Stream:
     """One client's response body. ``run`` relays it to its end, across legs where it may."""
 
     def __init__(self, streams: Streams, send: Send, out: Outbound, plan: migration.Plan | None, deadline: float,
-                 tried: list[Backend], first_byte: Callable[[], None]) -> None:
+                 tried: list[Backend], first_byte: Callable[[], None], write: Write | None = None) -> None:
         self.streams = streams
         self.send = send
+        self.write = write  # the server's chunk write, where it has one (relay.py)
         self.out = out
         self.plan = plan
         self.deadline = deadline
@@ -119,9 +120,9 @@ class Stream:
         relay: ClientRelay
         if self.counted and self.plan is not None and self.plan.migratable:
             self.transcript = Transcript(self.plan.chat)
-            relay = StreamRelay(self.send, self._first, self.transcript)
+            relay = StreamRelay(self.send, self._first, self.transcript, self.write)
         else:
-            relay = ClientRelay(self.send, self._first)
+            relay = ClientRelay(self.send, self._first, self.write)
         while True:
             if self.transcript is not None:
                 self.leg = leg
@@ -304,4 +305,4 @@ class Stream:
             s.metrics.splice_overhead.labels(model).observe(sent - broke)
             self._first()
 
-        return leg, SpliceRelay(self.send, spliced, Splice(t))
+        return leg, SpliceRelay(self.send, spliced, Splice(t), self.write)

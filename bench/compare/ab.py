@@ -7,9 +7,13 @@ server within seconds of the others, so a slow stretch of the host falls on all 
 and the per-pass difference between the trees is what to read.
 
     .venv/bin/python bench/compare/ab.py BASE_TREE NEW_TREE [--passes 8] [--requests 20000] [--floor]
+    .venv/bin/python bench/compare/ab.py BASE_TREE NEW_TREE --paced [--router]   # CPU per streamed event
 
 Each tree is a checkout (``git worktree add``) with its own ``gateway/``; the gateway starts there
 as run.py starts it (targets.gateway's config), the floor as floor.py's, with that tree's protocol.
+``--paced`` measures run.py's paced phase instead (256 streams of 100 events 20 ms apart, 3 rounds
+each, after a warm-up): CPU µs per relayed event. ``--router`` adds vllm-router in front of the
+same upstream, the per-event baseline, and prints each tree's ratio to it pass by pass.
 """
 
 from __future__ import annotations
@@ -19,9 +23,23 @@ import statistics
 from collections.abc import Callable
 from pathlib import Path
 
+import loadgen
 from floor import passes, start_floor
-from run import PROXY_CPU, side_upstream
-from targets import Proc, gateway
+from run import PROXY_CPU, _run, side_upstream
+from targets import ROOT, Proc, gateway, vllm_router
+
+
+def paced_pass(p: Proc, url: str, _: int) -> tuple[tuple[float, float], loadgen.Result]:
+    """run.py's paced phase against ``url``: ``p``'s user and system µs per relayed event. ``p`` is
+    stopped after it, whatever happens."""
+    try:
+        _run(loadgen.streams(url, "paced", 64, 20, 1, 0.4, 30))  # connections open, caches warm
+        u0, s0 = p.cpu_split()
+        r = _run(loadgen.streams(url, "paced", 256, 100, 3, 2.0, 120))
+        u1, s1 = p.cpu_split()
+    finally:
+        p.stop()
+    return ((u1 - u0) / r.events * 1e6, (s1 - s0) / r.events * 1e6), r
 
 
 def main() -> None:
@@ -31,6 +49,8 @@ def main() -> None:
     ap.add_argument("--passes", type=int, default=8)
     ap.add_argument("--requests", type=int, default=20000)
     ap.add_argument("--floor", action="store_true", help="also each tree's uvicorn floor (floor.py's app)")
+    ap.add_argument("--paced", action="store_true", help="CPU per event of paced streams, not per request")
+    ap.add_argument("--router", action="store_true", help="also vllm-router, and each tree's ratio to it")
     a = ap.parse_args()
     work, upstream, up_url = side_upstream()
     kinds = ("gateway", "floor") if a.floor else ("gateway",)
@@ -42,10 +62,19 @@ def main() -> None:
 
     starts = {f"{kind} {name}": start(kind, tree) for kind in kinds
               for name, tree in (("base", a.base.resolve()), ("new", a.new.resolve()))}
+    if a.router:
+        starts["vllm-router"] = lambda: vllm_router(work, up_url, PROXY_CPU, ROOT / "bench" / "results" / "venvs")[:2]
     try:
-        seen = passes(starts, a.passes, a.requests, alternate=True)  # neither tree always goes first
+        seen = passes(starts, a.passes, a.requests, alternate=True,  # neither tree always goes first
+                      **({"measure": paced_pass, "unit": "event"} if a.paced else {}))
     finally:
         upstream.stop()
+    if a.router:
+        for name in ("base", "new"):
+            gw, router = seen[f"gateway {name}"], seen["vllm-router"]
+            r = [(g[0] + g[1]) / (v[0] + v[1]) for g, v in zip(gw, router, strict=True)]
+            print(f"gateway {name} / vllm-router per pass: {', '.join(f'{x:.2f}' for x in r)}; "
+                  f"median {statistics.median(r):.2f}")
     for kind in kinds:
         d = [(n[0] + n[1]) - (b[0] + b[1]) for b, n in zip(seen[f"{kind} base"], seen[f"{kind} new"], strict=True)]
         du = [n[0] - b[0] for b, n in zip(seen[f"{kind} base"], seen[f"{kind} new"], strict=True)]

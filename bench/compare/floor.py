@@ -136,23 +136,27 @@ def one_pass(p: Proc, url: str, requests: int) -> tuple[tuple[float, float], loa
     return ((u1 - u0) / r.done * 1e6, (s1 - s0) / r.done * 1e6), r
 
 
+Measure = Callable[[Proc, str, int], tuple[tuple[float, float], loadgen.Result]]
+
+
 def passes(starts: dict[str, Callable[[], tuple[Proc, str]]], n: int, requests: int,
-           alternate: bool = False) -> dict[str, list[tuple[float, float]]]:
+           alternate: bool = False, measure: Measure = one_pass,
+           unit: str = "request") -> dict[str, list[tuple[float, float]]]:
     """``n`` passes of every server that ``starts`` starts, one after another (the order reversed
-    every other pass where ``alternate``): each one's user and system µs per request, printed as it
-    goes, then the medians."""
+    every other pass where ``alternate``): each one's user and system µs per ``unit`` (what
+    ``measure`` divides by), printed as it goes, then the medians."""
     seen: dict[str, list[tuple[float, float]]] = {label: [] for label in starts}
     order = list(starts)
     for i in range(n):
         for label in order if not alternate or i % 2 == 0 else order[::-1]:
-            (user, system), r = one_pass(*starts[label](), requests)
+            (user, system), r = measure(*starts[label](), requests)
             seen[label].append((user, system))
-            print(f"pass {i + 1}, {label}: {r.done} requests, {r.errors} errors, user {user:.1f} µs, "
-                  f"system {system:.1f} µs per request", flush=True)
+            print(f"pass {i + 1}, {label}: {r.done} requests, {r.events} events, {r.errors} errors, "
+                  f"user {user:.2f} µs, system {system:.2f} µs per {unit}", flush=True)
     for label, xs in seen.items():
-        print(f"{label}: median user {statistics.median(u for u, _ in xs):.1f}, system "
-              f"{statistics.median(s for _, s in xs):.1f}, all {statistics.median(u + s for u, s in xs):.1f} µs per "
-              f"request ({len(xs)} passes)")
+        print(f"{label}: median user {statistics.median(u for u, _ in xs):.2f}, system "
+              f"{statistics.median(s for _, s in xs):.2f}, all {statistics.median(u + s for u, s in xs):.2f} µs per "
+              f"{unit} ({len(xs)} passes)")
     return seen
 
 
