@@ -317,3 +317,36 @@ def test_the_clocks_write_up_matches_its_rows(capsys: pytest.CaptureFixture[str]
                  "| tokens/s | 1.002 (0.928–1.008), 7 of 13 |", "| TTFT p50 | 1.053 (0.994–1.133), 8 of 13 |",
                  "| tokens/s | 1.013 (0.992–1.031), 6 of 9 |", "| TTFT p50 | 1.040 (0.898–1.065), 5 of 9 |"):
         assert line in pooled
+
+
+def test_tokens_per_running_request_compare_the_two_engines_pass_by_pass() -> None:
+    """tokens/s ÷ the mean running in each side's engine over the window, gateway ÷ direct."""
+    stats = _load("twin_stats")
+    timing = {"warmup": 1.0, "window": 2.0, "tail": 1.0}
+
+    def samples(running: int) -> list[list[float]]:  # before, inside (two), after the window
+        return [[t, running if 1.0 <= t < 3.0 else 999, 0, 1024, 1024] for t in (0.0, 1.0, 2.0, 3.0)]
+
+    gb = {**_pass("gb", 100, 100, 0.9), "pass": 0, "timing": timing, "samples": {"a": samples(100), "b": samples(100)}}
+    ga = {**_pass("ga", 100, 100, 1.0), "pass": 1, "timing": timing, "samples": {"a": samples(50), "b": samples(100)}}
+    out = stats.report([gb, ga])
+    # gb: 90 ÷ 100 against 100 ÷ 100; ga: the gateway side's 100 tokens/s over 50 running, direct's over 100
+    assert ("Tokens/s per request running in the engine, gateway ÷ direct, each pass: 0.900, 2.000 "
+            "(median 1.450).") in out
+
+
+def test_the_2b8_write_up_matches_its_rows(capsys: pytest.CaptureFixture[str]) -> None:
+    """twin-2b8-h200x2's README quotes twin_stats.py over its rows."""
+    out = _report(capsys, "twin-2b8-h200x2/rows.json.gz")
+    for line in ("| tokens/s | 0.958 (0.949–0.966), 0 of 2 | 0.943 1.005 / 0.956 0.928 |",
+                 "| TTFT p50 | 1.199 (0.971–1.427), 1 of 2 | 0.713 1.756 / 1.322 1.160 |",
+                 "| TTFT p50 | 0.996 (0.987–1.006), 1 of 2 | 0.910 0.999 / 1.070 1.013 |",
+                 "| tokens/s | 1.012 (0.974–1.050), 1 of 2 | 1.074 0.984 / 1.026 0.963 |",
+                 "| tokens/s | 1.000 (0.979–1.021), 1 of 2 | 1.059 0.995 / 0.985 0.963 |",
+                 "each pass: -18, +24, +0, +14 ms (median +7)", "each pass: -82, +2, +54, +17 ms (median +9)",
+                 "0.674 / 0.660, 1.384 / 1.348, 1.635 / 1.637, 1.028 / 1.035",
+                 "gateway ÷ direct, each pass: 0.897, 0.941, 0.995, 0.956 (median 0.948).",
+                 "| 0 | gb | gateway:b | 342 | 220 | 280 | 0 | 62 | 4029 | 3893 | 137 |"):
+        assert line in out
+    tiny = _report(capsys, "twin-clocks-h200x2/rows.json.gz")
+    assert "gateway ÷ direct, each pass: 0.951, 1.021, 1.041, 0.975 (median 0.998)." in tiny

@@ -10,6 +10,8 @@
 # With the 2.8 B random-weight model (far more GPU work per token than the tiny one), made on the GPU first:
 #   (. bench/gpu/kit.sh; python3 -m vllm_fleet.cli make-tiny-model /tmp/m28 --hidden 3072 --layers 28 --heads 24 \
 #     --kv-heads 8 --intermediate 8192 --dtype bfloat16 --device cuda)
-#   bash bench/gpu/twin_run.sh start --model-dir /tmp/m28; ... run --model-dir /tmp/m28 --conc 512 ...
+#   bash bench/gpu/twin_run.sh start --model-dir /tmp/m28
+#   bash bench/gpu/twin_run.sh run --model-dir /tmp/m28 --conc 256 --passes 4 --kinds gb,ga --warmup 15 --window 60 --tail 10
+#   (a request lives 4-14 s with it: a longer warm-up and tail; results/twin-2b8-h200x2)
 # serve_run.sh's steps (the kit, the model, the files copied to $OUT) with twin_pairs.py.
 PAIRS=twin_pairs W=/tmp/twin exec bash bench/gpu/serve_run.sh "$@"

@@ -168,12 +168,17 @@ def _engine_table(group: list[dict[str, Any]]) -> list[str]:
     """Passes with in_pass.py's samples: how many of each side's streams its vLLM engine ran over
     the window (mean, fewest, most), how many waited in its scheduler, and the gateway's busy
     connections to it. A closed loop keeps ``conc`` in flight; the rest are in vLLM's HTTP server
-    (before the engine took them, or after it finished them), or in the gateway."""
-    lines = []
+    (before the engine took them, or after it finished them), or in the gateway.
+
+    Then, per pass, the tokens/s each request running in the engine got (tokens/s ÷ the mean
+    running: about the engine's decode steps per second, as a running request gets a token a step),
+    one side's ÷ the other's: whether a side's engine stepped slower with as many requests on it."""
+    lines, step_ratios, label = [], [], ""
     for r in group:
         t = r.get("timing")
         if "samples" not in r or not t:
             continue
+        per_running = {}
         for path, side in r["sides"].items():
             w = in_window(r["samples"].get(instance(path), []), t["warmup"], t["warmup"] + t["window"])
             if not w:
@@ -183,11 +188,21 @@ def _engine_table(group: list[dict[str, Any]]) -> list[str]:
             lines.append(f"| {r['pass']} | {r['kind']} | {path} | {side.get('median_ttft_ms')} | "
                          f"{side.get('output_throughput')} | {statistics.fmean(running):.0f} ({min(running):.0f}–"
                          f"{max(running):.0f}) | {statistics.fmean(waiting):.0f} | {busy:.0f} |")
+            if side.get("output_throughput") and statistics.fmean(running) > 0:
+                per_running[path] = side["output_throughput"] / statistics.fmean(running)
+        num, den = _paths(r)
+        if num in per_running and den in per_running:
+            step_ratios.append(per_running[num] / per_running[den])
+            label = "b ÷ a" if r["kind"] == "aa" else f"{str(num).split(':')[0]} ÷ direct"
     if not lines:
         return []
-    return ["\nIn each side's vLLM over the window, sampled each second (in_pass.py):\n",
-            "| pass | kind | side | TTFT p50, ms | tokens/s | running in its engine: mean (fewest–most) "
-            "| waiting in its scheduler | gateway connections busy |", "|---|---|---|---|---|---|---|---|", *lines]
+    out = ["\nIn each side's vLLM over the window, sampled each second (in_pass.py):\n",
+           "| pass | kind | side | TTFT p50, ms | tokens/s | running in its engine: mean (fewest–most) "
+           "| waiting in its scheduler | gateway connections busy |", "|---|---|---|---|---|---|---|---|", *lines]
+    if step_ratios:
+        out.append(f"\nTokens/s per request running in the engine, {label}, each pass: "
+                   f"{', '.join(f'{x:.3f}' for x in step_ratios)} (median {statistics.median(step_ratios):.3f}).")
+    return out
 
 
 def _clock_table(group: list[dict[str, Any]]) -> list[str]:
