@@ -186,8 +186,12 @@ def test_vllm_clocks_give_the_window_means_of_its_histograms() -> None:
         'vllm:request_queue_time_seconds_sum{engine="0",model_name="tiny"} 0.5',
         'vllm:request_queue_time_seconds_count{engine="0",model_name="tiny"} 50.0',
         'vllm:e2e_request_latency_seconds_sum{engine="0",model_name="tiny"} 100.0',
-        'vllm:e2e_request_latency_seconds_count{engine="0",model_name="tiny"} 40.0'])
-    assert in_pass.clocks(text) == [12.5, 50.0, 0.5, 50.0, 100.0, 40.0]
+        'vllm:e2e_request_latency_seconds_count{engine="0",model_name="tiny"} 40.0',
+        'vllm:inter_token_latency_seconds_sum{engine="0",model_name="tiny"} 3.0',
+        'vllm:inter_token_latency_seconds_count{engine="0",model_name="tiny"} 300.0',
+        'vllm:iteration_tokens_total_sum{engine="0",model_name="tiny"} 9000.0',
+        'vllm:iteration_tokens_total_count{engine="0",model_name="tiny"} 60.0'])
+    assert in_pass.clocks(text) == [12.5, 50.0, 0.5, 50.0, 100.0, 40.0, 3.0, 300.0, 9000.0, 60.0]
     rows = [[5.0, 1, 0, 0, 0, 1.0, 10, 0.0, 10, 5.0, 5],  # before the window
             [6.0, 1, 0, 0, 0, 2.0, 20, 0.1, 20, 10.0, 10], [7.0, 1, 0, 0, 0, 5.0, 30, 0.1, 30, 10.0, 10],
             [8.0, 1, 0, 0, 0, 8.0, 40, 0.3, 40, 40.0, 20], [9.0, 1, 0, 0, 0, 99.0, 99, 9.9, 99, 99.0, 99]]
@@ -222,10 +226,11 @@ def test_one_twin_pass_through_real_sockets(kind: str, tmp_path: Path, monkeypat
         procs.append(gw)
         monkeypatch.setattr(twin, "PORTS", {"a": a.port, "b": b.port})
         monkeypatch.setattr(twin, "GW", gw.url)
-        monkeypatch.setattr(twin, "instances", dict)  # no supervisor here: no gateway PID to read CPU from
+        # no supervisor here: the fakes' PIDs as its /instances gives them, and no gateway PID
+        monkeypatch.setattr(twin, "instances", lambda: {"a": {"pid": a.pid}, "b": {"pid": b.pid}})
         cpu = sorted(os.sched_getaffinity(0))[0]
         row = twin.one(make_tiny_model(str(TINY_MODEL_DIR)), tmp_path, kind, 4, 0, [cpu, cpu],
-                       {"warmup": 0.5, "window": 1.5, "tail": 0.5, "ramp": 0.2}, jitter_ms=60.0)
+                       {"warmup": 0.5, "window": 2.5, "tail": 0.5, "ramp": 0.2}, jitter_ms=60.0)
         # each side reached its own fake: b's requests came through the gateway, a's straight
         served = (a.stats()["completed"], b.stats()["completed"])
     finally:
@@ -256,6 +261,9 @@ def test_one_twin_pass_through_real_sockets(kind: str, tmp_path: Path, monkeypat
         assert row["in_vllm"][other]["running"] == pytest.approx(4, abs=1), row["in_vllm"]
         assert row["in_vllm"][other]["conns_open"] >= 1, row["in_vllm"]
     assert served[0] > 0 and served[1] > 0
+    # each side's fake used CPU over the window; a fake has no engine steps to count
+    for path in ("direct:a", other):
+        assert row["engine"][path]["api_cpu"] > 0 and row["engine"][path]["steps_per_s"] == 0, row["engine"]
 
 
 RESULTS = Path(__file__).resolve().parents[1] / "bench/gpu/results"
@@ -350,3 +358,52 @@ def test_the_2b8_write_up_matches_its_rows(capsys: pytest.CaptureFixture[str]) -
         assert line in out
     tiny = _report(capsys, "twin-clocks-h200x2/rows.json.gz")
     assert "gateway ÷ direct, each pass: 0.951, 1.021, 1.041, 0.975 (median 0.998)." in tiny
+
+
+def test_engine_gives_steps_tokens_a_step_and_each_process_group_s_cpu() -> None:
+    in_pass = _load("in_pass")
+    # [t, 4 gauges, 4 clocks' sums and counts, the steps' sum and count, API server CPU s, below it]
+    clock = [0.0] * 8
+
+    def row(t: float, tokens: float, steps: float, api: float, below: float) -> list[float]:
+        return [t, 1, 0, 0, 0, *clock, tokens, steps, api, below]
+
+    rows = [row(5.0, 0, 0, 0, 0), row(6.0, 1000, 10, 1.0, 2.0), row(8.0, 5000, 50, 1.5, 3.8),
+            row(9.0, 99999, 999, 99, 99)]
+    assert in_pass.engine(rows, 6.0, 9.0) == {"steps_per_s": 20.0, "tokens_per_step": 100.0,
+                                              "api_cpu": 0.25, "engine_cpu": 0.9}
+    no_pids = [[*r[:-2], -1.0, -1.0] for r in rows]
+    assert in_pass.engine(no_pids, 6.0, 9.0)["api_cpu"] is None
+    assert in_pass.engine([r[:11] for r in rows], 6.0, 9.0) is None  # samples from before these columns
+
+
+def test_process_cpu_counts_the_descendants_apart() -> None:
+    import subprocess
+    import sys
+    import time
+
+    in_pass = _load("in_pass")
+    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass\ntime.sleep(30)"
+    child = subprocess.Popen([sys.executable, "-c", burn])
+    try:
+        deadline = time.monotonic() + 20
+        while (cpu := in_pass.process_cpu(os.getpid()))[1] < 0.25 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert cpu[1] >= 0.25 and cpu[0] > 0, cpu
+    finally:
+        child.kill()
+        child.wait()
+    assert in_pass.process_cpu(None) == [-1.0, -1.0]
+
+
+def test_the_steps_table_sets_each_side_s_engine_beside_the_other() -> None:
+    stats = _load("twin_stats")
+
+    def eng(steps: float, api: float) -> dict[str, Any]:
+        return {"steps_per_s": steps, "tokens_per_step": 200.0, "api_cpu": api, "engine_cpu": 0.95}
+
+    gb = {**_pass("gb", 100, 100), "pass": 0, "engine": {"direct:a": eng(40.0, 0.9), "gateway:b": eng(36.0, 1.0)},
+          "vllm_clock": {"direct:a": {"vllm_itl_ms": 25.0}, "gateway:b": {"vllm_itl_ms": 27.5}}}
+    out = stats.report([gb])
+    assert "| 0 | gb | gateway:b | 36.0 | 200.0 | 27.5 | 1.0 | 0.95 |" in out
+    assert "Engine steps a second, gateway ÷ direct, each pass: 0.900 (median 0.900)." in out

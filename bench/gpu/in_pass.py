@@ -14,14 +14,23 @@ its completion handler begins to render the prompt (``arrival_time`` in vllm/ren
 before tokenizing), after its HTTP server parsed and validated the request; TTFT ends when its
 output processor handles the first token. What the client measures beyond vLLM's TTFT is spent in
 the gateway, on the sockets and in vLLM's HTTP server, before the handler or after the output.
+Its mean gap between a request's tokens (``vllm:inter_token_latency_seconds``) is kept the same way.
+
+And how the engine and vLLM's processes went (``engine``): ``vllm:iteration_tokens_total`` is
+observed once per engine step with the tokens it computed, so its count over a window is the
+engine's steps and its sum ÷ count the tokens a step; and, where the instances' PIDs are given,
+the CPU seconds of each instance's API server process and of its descendants (the engine core,
+any workers), read from /proc: whether one side's vLLM got less CPU or stepped slower.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import statistics
 import threading
 import time
+from pathlib import Path
 
 import httpx
 
@@ -30,9 +39,18 @@ _WAITING = re.compile(r"^vllm:num_requests_waiting\{[^}]*\} (\S+)$", re.M)
 GAUGES = ("running", "waiting", "conns_open", "conns_idle")
 # vLLM's histograms whose sum and count each sample keeps, in this order after the gauges
 CLOCKS = {"vllm_ttft": "vllm:time_to_first_token_seconds", "vllm_queue": "vllm:request_queue_time_seconds",
-          "vllm_e2e": "vllm:e2e_request_latency_seconds"}
-_SUMS = {k: [re.compile(rf"^{re.escape(n)}_{part}\{{[^}}]*\}} (\S+)$", re.M) for part in ("sum", "count")]
-         for k, n in CLOCKS.items()}
+          "vllm_e2e": "vllm:e2e_request_latency_seconds", "vllm_itl": "vllm:inter_token_latency_seconds"}
+STEPS = "vllm:iteration_tokens_total"  # then its sum and count, then the two CPU figures (engine())
+
+
+def _sum_count(name: str) -> list[re.Pattern[str]]:
+    return [re.compile(rf"^{re.escape(name)}_{part}\{{[^}}]*\}} (\S+)$", re.M) for part in ("sum", "count")]
+
+
+_SUMS = {k: _sum_count(n) for k, n in CLOCKS.items()}
+_STEPS = _sum_count(STEPS)
+_CLOCK_AT = 1 + len(GAUGES)  # a sample's first clock column
+_STEPS_AT = _CLOCK_AT + 2 * len(CLOCKS)
 
 
 def gauge(pattern: re.Pattern[str], text: str) -> float:
@@ -41,18 +59,54 @@ def gauge(pattern: re.Pattern[str], text: str) -> float:
 
 
 def clocks(text: str) -> list[float]:
-    """``CLOCKS``' sums and counts so far in a vLLM's /metrics, in order: sum, count, sum, ..."""
-    return [gauge(p, text) for pair in _SUMS.values() for p in pair]
+    """``CLOCKS``' sums and counts so far in a vLLM's /metrics, in order: sum, count, sum, ..., then
+    ``STEPS``' sum and count."""
+    return [gauge(p, text) for pair in (*_SUMS.values(), _STEPS) for p in pair]
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of ``pid`` so far; 0 once it is gone."""
+    try:
+        f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _descendants(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        for task in Path(f"/proc/{p}/task").glob("*/children"):
+            try:
+                kids = [int(c) for c in task.read_text().split()]
+            except (OSError, ValueError):
+                continue
+            out += kids
+            todo += kids
+    return out
+
+
+def process_cpu(pid: int | None) -> list[float]:
+    """CPU seconds so far of ``pid`` (an instance's API server) and of all its descendants; -1 for
+    both without a PID."""
+    if pid is None:
+        return [-1.0, -1.0]
+    return [_cpu_s(pid), sum(_cpu_s(c) for c in _descendants(pid))]
 
 
 class Sampler(threading.Thread):
     """Samples ``instances`` (name -> base URL) and the gateway at ``gateway`` every ``every`` s,
-    each row ``[s since t0, running, waiting, gateway connections open, idle]`` and then each of
-    ``CLOCKS``' sum and count so far, until ``stop()``."""
+    each row ``[s since t0, running, waiting, gateway connections open, idle]``, then each of
+    ``CLOCKS``' sum and count so far, ``STEPS``' sum and count, and the CPU seconds of the
+    instance's API server and its descendants (``pids``: name -> the API server's PID), until
+    ``stop()``."""
 
-    def __init__(self, instances: dict[str, str], gateway: str, t0: float, every: float = 1.0) -> None:
+    def __init__(self, instances: dict[str, str], gateway: str, t0: float, every: float = 1.0,
+                 pids: dict[str, int] | None = None) -> None:
         super().__init__(daemon=True)
         self.instances, self.gateway, self.t0, self.every = instances, gateway, t0, every
+        self.pids = pids or {}
         self.rows: dict[str, list[list[float]]] = {name: [] for name in instances}
         self._halt = threading.Event()
 
@@ -73,7 +127,7 @@ class Sampler(threading.Thread):
                     c = conns.get(name, {})
                     self.rows[name].append([t, gauge(_RUNNING, text), gauge(_WAITING, text),
                                             c.get("open", 0), c.get("idle", 0),
-                                            *clocks(text)])
+                                            *clocks(text), *process_cpu(self.pids.get(name))])
 
     def stop(self) -> dict[str, list[list[float]]]:
         self._halt.set()
@@ -104,15 +158,35 @@ def vllm_means(rows: list[list[float]], start: float, end: float) -> dict[str, f
     """Each of ``CLOCKS``' mean in ms over the requests vLLM observed between the first and the last
     sample in [start, end) s since t0 (its sums' and counts' differences), and how many requests
     had their first token in that span; None without two samples that carry the sums."""
-    inside = [r for r in in_window(rows, start, end) if len(r) > 1 + len(GAUGES)]
+    inside = [r for r in in_window(rows, start, end) if len(r) > _CLOCK_AT]
     if len(inside) < 2:
         return None
     first, last = inside[0], inside[-1]
     out: dict[str, float | None] = {}
     counts: dict[str, float] = {}
     for i, key in enumerate(CLOCKS):
-        at = 1 + len(GAUGES) + 2 * i
+        at = _CLOCK_AT + 2 * i
+        if len(last) <= at + 1:
+            continue  # samples from before this clock was kept
         total, counts[key] = last[at] - first[at], last[at + 1] - first[at + 1]
         out[f"{key}_ms"] = round(total / counts[key] * 1000, 1) if counts[key] > 0 else None
     out["first_tokens"] = counts["vllm_ttft"]
     return out
+
+
+def engine(rows: list[list[float]], start: float, end: float) -> dict[str, float | None] | None:
+    """Between the first and the last sample in [start, end) s since t0: the engine's steps a second
+    and tokens a step (``STEPS``), and the share of a CPU the API server and its descendants used
+    (None without PIDs); None without two samples that carry them."""
+    inside = [r for r in in_window(rows, start, end) if len(r) >= _STEPS_AT + 4]
+    if len(inside) < 2:
+        return None
+    first, last = inside[0], inside[-1]
+    span = last[0] - first[0]
+    steps = last[_STEPS_AT + 1] - first[_STEPS_AT + 1]
+    api, below = (last[_STEPS_AT + k] - first[_STEPS_AT + k] for k in (2, 3))
+    placed = first[_STEPS_AT + 2] >= 0
+    return {"steps_per_s": round(steps / span, 1) if span > 0 else None,
+            "tokens_per_step": round((last[_STEPS_AT] - first[_STEPS_AT]) / steps, 1) if steps > 0 else None,
+            "api_cpu": round(api / span, 3) if placed and span > 0 else None,
+            "engine_cpu": round(below / span, 3) if placed and span > 0 else None}

@@ -50,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_clients import cpu_seconds
 from detached_up import launch_up, placed, stop
 from gpu_fleet import GW, base_fleet, fleet_healthy, inst, instances, wait
-from in_pass import Sampler, gauge, instance, means, vllm_means
+from in_pass import Sampler, engine, gauge, instance, means, vllm_means
 from pin import cores
 from twin_stats import report
 
@@ -108,7 +108,8 @@ def one(model_dir: str, w: Path, kind: str, conc: int, n: int, clients: list[int
     gw_pid = next((i["pid"] for name, i in instances().items() if name == "gateway"), None)
     queued0, cpu0 = _sum(_QUEUED, GW + "/metrics"), cpu_seconds(gw_pid) if gw_pid else None
     t0 = time.monotonic() + 3.0  # both clients import and connect before it
-    sampler = Sampler({i: f"http://127.0.0.1:{p}" for i, p in PORTS.items()}, GW, t0)
+    pids = {name: i["pid"] for name, i in instances().items() if name in PORTS and i.get("pid")}
+    sampler = Sampler({i: f"http://127.0.0.1:{p}" for i, p in PORTS.items()}, GW, t0, pids=pids)
     sampler.start()
     procs = []
     (w / "sides").mkdir(exist_ok=True)  # apart: a device call returns few files
@@ -135,6 +136,8 @@ def one(model_dir: str, w: Path, kind: str, conc: int, n: int, clients: list[int
     # and each side's means by vLLM's own clocks, to set beside the client's
     row["vllm_clock"] = {path: vllm_means(samples[instance(path)], start, start + timing["window"])
                          for path in row["sides"]}
+    # and its engine's steps, and its processes' CPU
+    row["engine"] = {path: engine(samples[instance(path)], start, start + timing["window"]) for path in row["sides"]}
     row["samples"] = samples
     if gw_pid and cpu0 is not None and (cpu1 := cpu_seconds(gw_pid)) is not None:
         row["gateway_cpu_share"] = round((cpu1 - cpu0) / span, 3)

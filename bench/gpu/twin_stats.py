@@ -205,6 +205,38 @@ def _engine_table(group: list[dict[str, Any]]) -> list[str]:
     return out
 
 
+def _steps_table(group: list[dict[str, Any]]) -> list[str]:
+    """Passes with in_pass.engine's figures: each side's engine steps a second and tokens a step,
+    vLLM's own mean gap between a request's tokens, and the CPU its API server and its engine core
+    (with any workers) used; then the steps a second, one side's ÷ the other's, each pass."""
+    lines, ratios, label = [], [], ""
+    for r in group:
+        eng = r.get("engine") or {}
+        steps = {}
+        for path in r["sides"]:
+            e = eng.get(path)
+            if not e:
+                continue
+            itl = ((r.get("vllm_clock") or {}).get(path) or {}).get("vllm_itl_ms")
+            lines.append(f"| {r['pass']} | {r['kind']} | {path} | {e['steps_per_s']} | {e['tokens_per_step']} | "
+                         f"{itl} | {e['api_cpu']} | {e['engine_cpu']} |")
+            if e["steps_per_s"]:
+                steps[path] = e["steps_per_s"]
+        num, den = _paths(r)
+        if num in steps and den in steps:
+            ratios.append(steps[num] / steps[den])
+            label = "b ÷ a" if r["kind"] == "aa" else f"{str(num).split(':')[0]} ÷ direct"
+    if not lines:
+        return []
+    out = ["\nEach side's vLLM engine and processes over the window (in_pass.engine; CPU in cores):\n",
+           "| pass | kind | side | engine steps/s | tokens a step | vLLM's gap between tokens, ms "
+           "| API server CPU | engine core CPU |", "|---|---|---|---|---|---|---|---|", *lines]
+    if ratios:
+        out.append(f"\nEngine steps a second, {label}, each pass: {', '.join(f'{x:.3f}' for x in ratios)} "
+                   f"(median {statistics.median(ratios):.3f}).")
+    return out
+
+
 def _clock_table(group: list[dict[str, Any]]) -> list[str]:
     """Passes with vLLM's clocks (in_pass.vllm_means): each side's mean TTFT and request life as
     its client measured them, beside vLLM's own, which start when its handler renders the prompt;
@@ -309,7 +341,8 @@ def report(rows: list[dict[str, Any]]) -> str:
         if cpu and client:
             lines.append(f"\nGateway CPU over a pass: {min(cpu):.2f}–{max(cpu):.2f} of a core; each client over "
                          f"its window: {min(client):.2f}–{max(client):.2f}.")
-        lines += _waves_line(group) + _engine_table(group) + _clock_table(group) + _sub_table(group)
+        lines += (_waves_line(group) + _engine_table(group) + _steps_table(group) + _clock_table(group)
+                  + _sub_table(group))
     return "\n".join(lines)
 
 
