@@ -356,6 +356,12 @@ def test_the_2b8_write_up_matches_its_rows(capsys: pytest.CaptureFixture[str]) -
                  "gateway ÷ direct, each pass: 0.897, 0.941, 0.995, 0.956 (median 0.948).",
                  "| 0 | gb | gateway:b | 342 | 220 | 280 | 0 | 62 | 4029 | 3893 | 137 |"):
         assert line in out
+    engine = _report(capsys, "twin-2b8-h200x2/rows-engine.json.gz")
+    for line in ("| 1 | ga | gateway:a | 33.8 | 473.3 | 29.6 | 0.763 | 1.022 |",
+                 "| 1 | ga | direct:b | 40.7 | 451.7 | 24.9 | 0.894 | 1.031 |",
+                 "Engine steps a second, gateway ÷ direct, each pass: 0.955, 0.830 (median 0.893).",
+                 "| tokens/s | 0.925 (0.925–0.925), 0 of 1 | 0.978 / 0.876 |"):
+        assert line in engine
     tiny = _report(capsys, "twin-clocks-h200x2/rows.json.gz")
     assert "gateway ÷ direct, each pass: 0.951, 1.021, 1.041, 0.975 (median 0.998)." in tiny
 
