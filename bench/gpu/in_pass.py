@@ -25,7 +25,6 @@ any workers), read from /proc: whether one side's vLLM got less CPU or stepped s
 
 from __future__ import annotations
 
-import os
 import re
 import statistics
 import threading
@@ -33,6 +32,7 @@ import time
 from pathlib import Path
 
 import httpx
+from bench_clients import cpu_seconds  # beside this file: the twin scripts run from here
 
 _RUNNING = re.compile(r"^vllm:num_requests_running\{[^}]*\} (\S+)$", re.M)
 _WAITING = re.compile(r"^vllm:num_requests_waiting\{[^}]*\} (\S+)$", re.M)
@@ -65,12 +65,7 @@ def clocks(text: str) -> list[float]:
 
 
 def _cpu_s(pid: int) -> float:
-    """User + system CPU seconds of ``pid`` so far; 0 once it is gone."""
-    try:
-        f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+    return cpu_seconds(pid) or 0.0  # 0 once it is gone
 
 
 def _descendants(pid: int) -> list[int]:

@@ -164,6 +164,22 @@ def _waves_line(group: list[dict[str, Any]]) -> list[str]:
             f"({min(auto):.2f}–{max(auto):.2f})."]
 
 
+def _side_ratio(r: dict[str, Any], values: dict[str, float]) -> tuple[float, str] | None:
+    """One pass's ``values`` as its ratio takes them (``_paths``), with the ratio's label."""
+    num, den = _paths(r)
+    if num not in values or den not in values:
+        return None
+    return values[num] / values[den], "b ÷ a" if r["kind"] == "aa" else f"{str(num).split(':')[0]} ÷ direct"
+
+
+def _ratio_line(what: str, ratios: list[tuple[float, str]]) -> list[str]:
+    if not ratios:
+        return []
+    xs = [x for x, _ in ratios]
+    return [f"\n{what}, {ratios[-1][1]}, each pass: {', '.join(f'{x:.3f}' for x in xs)} "
+            f"(median {statistics.median(xs):.3f})."]
+
+
 def _engine_table(group: list[dict[str, Any]]) -> list[str]:
     """Passes with in_pass.py's samples: how many of each side's streams its vLLM engine ran over
     the window (mean, fewest, most), how many waited in its scheduler, and the gateway's busy
@@ -173,7 +189,8 @@ def _engine_table(group: list[dict[str, Any]]) -> list[str]:
     Then, per pass, the tokens/s each request running in the engine got (tokens/s ÷ the mean
     running: about the engine's decode steps per second, as a running request gets a token a step),
     one side's ÷ the other's: whether a side's engine stepped slower with as many requests on it."""
-    lines, step_ratios, label = [], [], ""
+    lines: list[str] = []
+    ratios: list[tuple[float, str]] = []
     for r in group:
         t = r.get("timing")
         if "samples" not in r or not t:
@@ -190,26 +207,22 @@ def _engine_table(group: list[dict[str, Any]]) -> list[str]:
                          f"{max(running):.0f}) | {statistics.fmean(waiting):.0f} | {busy:.0f} |")
             if side.get("output_throughput") and statistics.fmean(running) > 0:
                 per_running[path] = side["output_throughput"] / statistics.fmean(running)
-        num, den = _paths(r)
-        if num in per_running and den in per_running:
-            step_ratios.append(per_running[num] / per_running[den])
-            label = "b ÷ a" if r["kind"] == "aa" else f"{str(num).split(':')[0]} ÷ direct"
+        if (ratio := _side_ratio(r, per_running)) is not None:
+            ratios.append(ratio)
     if not lines:
         return []
-    out = ["\nIn each side's vLLM over the window, sampled each second (in_pass.py):\n",
-           "| pass | kind | side | TTFT p50, ms | tokens/s | running in its engine: mean (fewest–most) "
-           "| waiting in its scheduler | gateway connections busy |", "|---|---|---|---|---|---|---|---|", *lines]
-    if step_ratios:
-        out.append(f"\nTokens/s per request running in the engine, {label}, each pass: "
-                   f"{', '.join(f'{x:.3f}' for x in step_ratios)} (median {statistics.median(step_ratios):.3f}).")
-    return out
+    return ["\nIn each side's vLLM over the window, sampled each second (in_pass.py):\n",
+            "| pass | kind | side | TTFT p50, ms | tokens/s | running in its engine: mean (fewest–most) "
+            "| waiting in its scheduler | gateway connections busy |", "|---|---|---|---|---|---|---|---|", *lines,
+            *_ratio_line("Tokens/s per request running in the engine", ratios)]
 
 
 def _steps_table(group: list[dict[str, Any]]) -> list[str]:
     """Passes with in_pass.engine's figures: each side's engine steps a second and tokens a step,
     vLLM's own mean gap between a request's tokens, and the CPU its API server and its engine core
     (with any workers) used; then the steps a second, one side's ÷ the other's, each pass."""
-    lines, ratios, label = [], [], ""
+    lines: list[str] = []
+    ratios: list[tuple[float, str]] = []
     for r in group:
         eng = r.get("engine") or {}
         steps = {}
@@ -222,19 +235,14 @@ def _steps_table(group: list[dict[str, Any]]) -> list[str]:
                          f"{itl} | {e['api_cpu']} | {e['engine_cpu']} |")
             if e["steps_per_s"]:
                 steps[path] = e["steps_per_s"]
-        num, den = _paths(r)
-        if num in steps and den in steps:
-            ratios.append(steps[num] / steps[den])
-            label = "b ÷ a" if r["kind"] == "aa" else f"{str(num).split(':')[0]} ÷ direct"
+        if (ratio := _side_ratio(r, steps)) is not None:
+            ratios.append(ratio)
     if not lines:
         return []
-    out = ["\nEach side's vLLM engine and processes over the window (in_pass.engine; CPU in cores):\n",
-           "| pass | kind | side | engine steps/s | tokens a step | vLLM's gap between tokens, ms "
-           "| API server CPU | engine core CPU |", "|---|---|---|---|---|---|---|---|", *lines]
-    if ratios:
-        out.append(f"\nEngine steps a second, {label}, each pass: {', '.join(f'{x:.3f}' for x in ratios)} "
-                   f"(median {statistics.median(ratios):.3f}).")
-    return out
+    return ["\nEach side's vLLM engine and processes over the window (in_pass.engine; CPU in cores):\n",
+            "| pass | kind | side | engine steps/s | tokens a step | vLLM's gap between tokens, ms "
+            "| API server CPU | engine core CPU |", "|---|---|---|---|---|---|---|---|", *lines,
+            *_ratio_line("Engine steps a second", ratios)]
 
 
 def _clock_table(group: list[dict[str, Any]]) -> list[str]:
