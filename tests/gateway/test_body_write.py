@@ -48,7 +48,8 @@ def _request(method: bytes = b"POST") -> bytes:
     return method + b" /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\n{}"
 
 
-async def _serve(app: App, *requests: bytes, turns: int = 20) -> tuple[HttpToolsProtocol, Recorder]:
+def _connected(app: App) -> tuple[HttpToolsProtocol, Recorder]:
+    """The gateway's protocol serving ``app`` on a connection whose writes ``Recorder`` keeps."""
     config = Config(app, lifespan="off", access_log=False, log_level="warning")
     config.load()
     proto = HttpToolsProtocol(config=config, server_state=ServerState(), app_state={},
@@ -56,16 +57,25 @@ async def _serve(app: App, *requests: bytes, turns: int = 20) -> tuple[HttpTools
     rec = Recorder()
     t: Any = rec
     proto.connection_made(t)
-    proto.data_received(b"".join(requests))
-    for _ in range(turns):
-        await asyncio.sleep(0)
     return proto, rec
 
 
-def _streaming(use_write: bool, status: int = 200) -> App:
+async def _feed(proto: HttpToolsProtocol, *requests: bytes) -> None:
+    proto.data_received(b"".join(requests))
+    for _ in range(20):  # loop turns for the app's task to run to its end
+        await asyncio.sleep(0)
+
+
+async def _serve(app: App, *requests: bytes) -> tuple[HttpToolsProtocol, Recorder]:
+    proto, rec = _connected(app)
+    await _feed(proto, *requests)
+    return proto, rec
+
+
+def _streaming(use_write: bool) -> App:
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         await receive()
-        await send({"type": "http.response.start", "status": status,
+        await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-type", b"text/event-stream")]})
         write = scope[BODY_WRITE](scope)
         for c in CHUNKS:
@@ -109,13 +119,11 @@ async def test_declines_where_send_would_not_frame_a_chunk(method: bytes) -> Non
 
 async def test_declines_for_a_slow_or_gone_client_and_send_keeps_its_part() -> None:
     results: list[bool] = []
-    holder: dict[str, Any] = {}
 
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         await receive()
         await send({"type": "http.response.start", "status": 200, "headers": []})
         write = scope[BODY_WRITE](scope)
-        proto = holder["proto"]
         proto.pause_writing()  # the client's socket buffer is full
         results.append(write(b"slow"))
         proto.resume_writing()
@@ -124,21 +132,8 @@ async def test_declines_for_a_slow_or_gone_client_and_send_keeps_its_part() -> N
         results.append(write(b"gone"))
         await send({"type": "http.response.body", "body": b"gone", "more_body": True})  # ignored, as before
 
-    async def run() -> Recorder:
-        config = Config(app, lifespan="off", access_log=False, log_level="warning")
-        config.load()
-        proto = HttpToolsProtocol(config=config, server_state=ServerState(), app_state={},
-                                  _loop=asyncio.get_running_loop())
-        holder["proto"] = proto
-        rec = Recorder()
-        t: Any = rec
-        proto.connection_made(t)
-        proto.data_received(_request())
-        for _ in range(20):
-            await asyncio.sleep(0)
-        return rec
-
-    rec = await run()
+    proto, rec = _connected(app)
+    await _feed(proto, _request())
     assert results == [False, True, False]
     body = rec.data.split(b"\r\n\r\n", 1)[1]
     assert body == b"4\r\nfast\r\n"
