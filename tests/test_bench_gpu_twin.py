@@ -376,8 +376,10 @@ def test_engine_gives_steps_tokens_a_step_and_each_process_group_s_cpu() -> None
 
     rows = [row(5.0, 0, 0, 0, 0), row(6.0, 1000, 10, 1.0, 2.0), row(8.0, 5000, 50, 1.5, 3.8),
             row(9.0, 99999, 999, 99, 99)]
+    # samples from before the run delay and the GPU were kept: those are unknown
     assert in_pass.engine(rows, 6.0, 9.0) == {"steps_per_s": 20.0, "tokens_per_step": 100.0,
-                                              "api_cpu": 0.25, "engine_cpu": 0.9}
+                                              "api_cpu": 0.25, "engine_cpu": 0.9, "api_wait": None,
+                                              "engine_wait": None}
     no_pids = [[*r[:-2], -1.0, -1.0] for r in rows]
     assert in_pass.engine(no_pids, 6.0, 9.0)["api_cpu"] is None
     assert in_pass.engine([r[:11] for r in rows], 6.0, 9.0) is None  # samples from before these columns

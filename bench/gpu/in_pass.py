@@ -20,16 +20,22 @@ And how the engine and vLLM's processes went (``engine``): ``vllm:iteration_toke
 observed once per engine step with the tokens it computed, so its count over a window is the
 engine's steps and its sum ÷ count the tokens a step; and, where the instances' PIDs are given,
 the CPU seconds of each instance's API server process and of its descendants (the engine core,
-any workers), read from /proc: whether one side's vLLM got less CPU or stepped slower.
+any workers), read from /proc: whether one side's vLLM got less CPU or stepped slower. Beside
+each CPU figure, the seconds its threads spent ready to run but waiting for a CPU (the run delay
+in /proc/PID/task/*/schedstat): whether another process took the CPU its engine core needed. And,
+where each instance's GPU is given, that GPU's busy share, SM clock and power as NVML reports
+them: whether an engine that steps slower waits on its GPU or on its CPU.
 """
 
 from __future__ import annotations
 
+import importlib
 import re
 import statistics
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 from bench_clients import cpu_seconds  # beside this file: the twin scripts run from here
@@ -40,7 +46,11 @@ GAUGES = ("running", "waiting", "conns_open", "conns_idle")
 # vLLM's histograms whose sum and count each sample keeps, in this order after the gauges
 CLOCKS = {"vllm_ttft": "vllm:time_to_first_token_seconds", "vllm_queue": "vllm:request_queue_time_seconds",
           "vllm_e2e": "vllm:e2e_request_latency_seconds", "vllm_itl": "vllm:inter_token_latency_seconds"}
-STEPS = "vllm:iteration_tokens_total"  # then its sum and count, then the two CPU figures (engine())
+STEPS = "vllm:iteration_tokens_total"  # then its sum and count, then the process and GPU figures (engine())
+# after the steps' sum and count: the CPU seconds and the run delay of the API server and of its
+# descendants, then its GPU's busy %, SM clock (MHz) and power (W); -1 where not known
+PROCESS = ("api_cpu", "engine_cpu", "api_wait", "engine_wait")
+GPU = ("gpu_busy_pct", "sm_mhz", "power_w")
 
 
 def _sum_count(name: str) -> list[re.Pattern[str]]:
@@ -51,6 +61,7 @@ _SUMS = {k: _sum_count(n) for k, n in CLOCKS.items()}
 _STEPS = _sum_count(STEPS)
 _CLOCK_AT = 1 + len(GAUGES)  # a sample's first clock column
 _STEPS_AT = _CLOCK_AT + 2 * len(CLOCKS)
+_GPU_AT = _STEPS_AT + 2 + len(PROCESS)
 
 
 def gauge(pattern: re.Pattern[str], text: str) -> float:
@@ -68,7 +79,7 @@ def _cpu_s(pid: int) -> float:
     return cpu_seconds(pid) or 0.0  # 0 once it is gone
 
 
-def _descendants(pid: int) -> list[int]:
+def descendants(pid: int) -> list[int]:
     out, todo = [], [pid]
     while todo:
         p = todo.pop()
@@ -82,30 +93,77 @@ def _descendants(pid: int) -> list[int]:
     return out
 
 
+def _run_delay(pid: int) -> float:
+    """Seconds the live threads of ``pid`` have waited for a CPU while ready to run (0 once gone)."""
+    total = 0
+    for stat in Path(f"/proc/{pid}/task").glob("*/schedstat"):
+        try:
+            total += int(stat.read_text().split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+    return total / 1e9
+
+
 def process_cpu(pid: int | None) -> list[float]:
     """CPU seconds so far of ``pid`` (an instance's API server) and of all its descendants; -1 for
     both without a PID."""
     if pid is None:
         return [-1.0, -1.0]
-    return [_cpu_s(pid), sum(_cpu_s(c) for c in _descendants(pid))]
+    return [_cpu_s(pid), sum(_cpu_s(c) for c in descendants(pid))]
+
+
+def process_wait(pid: int | None) -> list[float]:
+    """The run delay so far of ``pid``'s threads and of all its descendants' (``_run_delay``); -1
+    for both without a PID."""
+    if pid is None:
+        return [-1.0, -1.0]
+    return [_run_delay(pid), sum(_run_delay(c) for c in descendants(pid))]
+
+
+class Gpus:
+    """NVML's view of GPUs by index, or -1s where NVML is not there (a machine without GPUs)."""
+
+    def __init__(self) -> None:
+        self.nvml: Any = None
+        for module in ("pynvml", "vllm.third_party.pynvml"):  # nvidia-ml-py, or the copy vLLM carries
+            try:
+                nvml = importlib.import_module(module)
+                nvml.nvmlInit()
+            except Exception:  # no library, no driver: try the next, else the figures are unknown
+                continue
+            self.nvml = nvml
+            break
+
+    def figures(self, index: int | None) -> list[float]:
+        """``GPU``'s figures for GPU ``index`` now."""
+        if self.nvml is None or index is None:
+            return [-1.0] * len(GPU)
+        n = self.nvml
+        try:
+            h = n.nvmlDeviceGetHandleByIndex(index)
+            return [float(n.nvmlDeviceGetUtilizationRates(h).gpu), float(n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_SM)),
+                    n.nvmlDeviceGetPowerUsage(h) / 1000]
+        except n.NVMLError:
+            return [-1.0] * len(GPU)
 
 
 class Sampler(threading.Thread):
     """Samples ``instances`` (name -> base URL) and the gateway at ``gateway`` every ``every`` s,
     each row ``[s since t0, running, waiting, gateway connections open, idle]``, then each of
-    ``CLOCKS``' sum and count so far, ``STEPS``' sum and count, and the CPU seconds of the
-    instance's API server and its descendants (``pids``: name -> the API server's PID), until
-    ``stop()``."""
+    ``CLOCKS``' sum and count so far, ``STEPS``' sum and count, ``PROCESS``' figures of the
+    instance's API server and its descendants (``pids``: name -> the API server's PID) and ``GPU``'s
+    of its GPU (``gpus``: name -> NVML index), until ``stop()``."""
 
     def __init__(self, instances: dict[str, str], gateway: str, t0: float, every: float = 1.0,
-                 pids: dict[str, int] | None = None) -> None:
+                 pids: dict[str, int] | None = None, gpus: dict[str, int] | None = None) -> None:
         super().__init__(daemon=True)
         self.instances, self.gateway, self.t0, self.every = instances, gateway, t0, every
-        self.pids = pids or {}
+        self.pids, self.gpus = pids or {}, gpus or {}
         self.rows: dict[str, list[list[float]]] = {name: [] for name in instances}
         self._halt = threading.Event()
 
     def run(self) -> None:
+        gpus = Gpus()
         with httpx.Client(timeout=2.0) as http:
             while not self._halt.wait(max(0.0, self.every - (time.monotonic() - self.t0) % self.every)):
                 t = round(time.monotonic() - self.t0, 2)
@@ -122,7 +180,8 @@ class Sampler(threading.Thread):
                     c = conns.get(name, {})
                     self.rows[name].append([t, gauge(_RUNNING, text), gauge(_WAITING, text),
                                             c.get("open", 0), c.get("idle", 0),
-                                            *clocks(text), *process_cpu(self.pids.get(name))])
+                                            *clocks(text), *process_cpu(pid := self.pids.get(name)),
+                                            *process_wait(pid), *gpus.figures(self.gpus.get(name))])
 
     def stop(self) -> dict[str, list[list[float]]]:
         self._halt.set()
@@ -171,17 +230,23 @@ def vllm_means(rows: list[list[float]], start: float, end: float) -> dict[str, f
 
 def engine(rows: list[list[float]], start: float, end: float) -> dict[str, float | None] | None:
     """Between the first and the last sample in [start, end) s since t0: the engine's steps a second
-    and tokens a step (``STEPS``), and the share of a CPU the API server and its descendants used
-    (None without PIDs); None without two samples that carry them."""
+    and tokens a step (``STEPS``); ``PROCESS``' figures as shares of a CPU (None without PIDs or in
+    samples from before the run delay was kept); and ``GPU``'s means over the samples (None
+    without them). None without two samples that carry the steps and the CPU."""
     inside = [r for r in in_window(rows, start, end) if len(r) >= _STEPS_AT + 4]
     if len(inside) < 2:
         return None
     first, last = inside[0], inside[-1]
     span = last[0] - first[0]
     steps = last[_STEPS_AT + 1] - first[_STEPS_AT + 1]
-    api, below = (last[_STEPS_AT + k] - first[_STEPS_AT + k] for k in (2, 3))
-    placed = first[_STEPS_AT + 2] >= 0
-    return {"steps_per_s": round(steps / span, 1) if span > 0 else None,
-            "tokens_per_step": round((last[_STEPS_AT] - first[_STEPS_AT]) / steps, 1) if steps > 0 else None,
-            "api_cpu": round(api / span, 3) if placed and span > 0 else None,
-            "engine_cpu": round(below / span, 3) if placed and span > 0 else None}
+    out: dict[str, float | None] = {
+        "steps_per_s": round(steps / span, 1) if span > 0 else None,
+        "tokens_per_step": round((last[_STEPS_AT] - first[_STEPS_AT]) / steps, 1) if steps > 0 else None}
+    for k, key in enumerate(PROCESS, start=_STEPS_AT + 2):
+        known = len(last) > k and first[k] >= 0 and span > 0
+        out[key] = round((last[k] - first[k]) / span, 3) if known else None
+    if len(last) >= _GPU_AT + len(GPU):
+        for k, key in enumerate(GPU, start=_GPU_AT):
+            values = [r[k] for r in inside if len(r) > k and r[k] >= 0]
+            out[key] = round(statistics.fmean(values), 1) if values else None
+    return out

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+from pathlib import Path
+from typing import Any
 
 from fleet_supervisor.cpus import physical_cores
 
@@ -50,3 +52,38 @@ def pin(pids: list[int], cpus: set[int]) -> int:
                     os.sched_setaffinity(int(tid), cpus)
                     n += 1
     return n
+
+
+def _thread_ticks(pid: int, tid: str) -> int:
+    """A thread's CPU time so far in clock ticks (utime + stime), 0 once it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0
+    return int(fields[11]) + int(fields[12])  # fields 14 and 15 of stat(5), counted after the name
+
+
+def busiest(pids: list[int]) -> tuple[int, int] | None:
+    """(PID, TID) of the thread of ``pids`` with the most CPU time so far: an instance's engine core
+    loop, which runs each step (launching its kernels one by one under ``--enforce-eager``)."""
+    ticks = [(_thread_ticks(pid, tid), pid, int(tid)) for pid in pids
+             for tid in (os.listdir(f"/proc/{pid}/task") if os.path.isdir(f"/proc/{pid}/task") else [])]
+    return max(ticks)[1:] if ticks else None
+
+
+def engines_apart(instances: dict[str, list[int]], cpus: list[int]) -> dict[str, Any]:
+    """Every thread of every instance's processes (``instances``: name -> its API server's PID, then
+    its descendants') onto ``cpus`` less one CPU per instance; then each instance's busiest thread
+    below its API server (``busiest``: the engine core's) alone onto one of those, so that no other
+    thread of the fleet runs there. What went where, for the pass's row."""
+    own = sorted(cpus)[-len(instances):]
+    rest = set(cpus) - set(own)
+    if not rest:
+        raise SystemExit(f"engines apart need more CPUs than instances, not {sorted(cpus)}")
+    pin([p for ps in instances.values() for p in ps], rest)
+    out: dict[str, Any] = {"rest": sorted(rest)}
+    for (name, pids), cpu in zip(sorted(instances.items()), own, strict=True):
+        if (thread := busiest(pids[1:])) is not None:
+            os.sched_setaffinity(thread[1], {cpu})
+            out[name] = {"pid": thread[0], "tid": thread[1], "cpu": cpu}
+    return out

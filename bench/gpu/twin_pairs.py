@@ -16,7 +16,12 @@ use (window_client.py, one process each), measured over the same seconds:
 - ``aa``: direct to both, no gateway: how far two simultaneous sides differ with no gateway at all;
 - ``jb`` / ``ja``: direct to both, the side on b (a) pausing a random 0–``--jitter-ms`` before each
   next request (window_client.py): whether successors that reach vLLM spread out, as a proxy's
-  serial relay spreads them, move vLLM the way the gateway's side moves it.
+  serial relay spreads them, move vLLM the way the gateway's side moves it;
+- ``gbp`` / ``gap`` (any kind with a trailing ``p``): that pass with each instance's engine core
+  loop alone on a CPU of its own, every other thread of both instances on the rest of `up`'s
+  CPUs (pin.engines_apart); any other pass puts them back where `up` had them. At 256 streams
+  the 2.8 B model's gateway side stepped slower with both engine cores CPU-bound
+  (results/twin-2b8-h200x2): whether where the scheduler ran them was the cause.
 
 Whatever the host does during a pass (its other tenants, clocks, the other instance), both sides
 see. A difference between the two GPUs cancels between a ``gb`` and the ``ga`` next to it
@@ -50,14 +55,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_clients import cpu_seconds
 from detached_up import launch_up, placed, stop
 from gpu_fleet import GW, base_fleet, fleet_healthy, inst, instances, wait
-from in_pass import Sampler, engine, gauge, instance, means, vllm_means
-from pin import cores
+from in_pass import Sampler, descendants, engine, gauge, instance, means, vllm_means
+from pin import cores, engines_apart, pin
 from twin_stats import report
 
 HERE = Path(__file__).resolve().parent
 PORTS = {"a": 8001, "b": 8002}
 CLIENT_CPUS = "client-cpus.json"
-KINDS = ("gb", "ga", "aa", "jb", "ja")  # the order the passes cycle through
+INSTANCE_CPUS = "instance-cpus.json"  # where `up` placed the instances, kept before any pass moves them
+KINDS = ("gb", "ga", "aa", "jb", "ja")  # the order the passes cycle through; a trailing p: engines apart
 _QUEUED = re.compile(r"^fleet_queue_wait_seconds_count\{[^}]*\} (\S+)$", re.M)
 _BUSY = re.compile(r"^vllm:num_requests_(?:running|waiting)\{[^}]*\} (\S+)$", re.M)
 
@@ -102,14 +108,33 @@ def _drain(timeout: float = 60.0) -> float:
     return round(time.monotonic() - t, 1)
 
 
+def place(w: Path, pids: dict[str, int], apart: bool) -> dict[str, Any] | None:
+    """Before a pass: with ``apart``, each instance's engine core loop on a CPU of its own
+    (pin.engines_apart) among the CPUs `up` gave the instances; without, every thread of the
+    instances back on all of those, as `up` placed them (so a pass after a pinned one is not)."""
+    if not pids:
+        return None
+    procs = {name: [pid, *descendants(pid)] for name, pid in pids.items()}
+    path = w / INSTANCE_CPUS
+    if not path.exists():
+        path.write_text(json.dumps(sorted(os.sched_getaffinity(min(pids.values())))))
+    cpus = json.loads(path.read_text())
+    if apart:
+        return engines_apart(procs, cpus)
+    pin([p for ps in procs.values() for p in ps], set(cpus))
+    return None
+
+
 def one(model_dir: str, w: Path, kind: str, conc: int, n: int, clients: list[int],
-        timing: dict[str, float], jitter_ms: float = 0.0) -> dict[str, Any]:
+        timing: dict[str, float], jitter_ms: float = 0.0, apart: bool = False) -> dict[str, Any]:
+    pids = {name: i["pid"] for name, i in instances().items() if name in PORTS and i.get("pid")}
+    pinned = place(w, pids, apart)
     drained = _drain()
     gw_pid = next((i["pid"] for name, i in instances().items() if name == "gateway"), None)
     queued0, cpu0 = _sum(_QUEUED, GW + "/metrics"), cpu_seconds(gw_pid) if gw_pid else None
     t0 = time.monotonic() + 3.0  # both clients import and connect before it
-    pids = {name: i["pid"] for name, i in instances().items() if name in PORTS and i.get("pid")}
-    sampler = Sampler({i: f"http://127.0.0.1:{p}" for i, p in PORTS.items()}, GW, t0, pids=pids)
+    sampler = Sampler({i: f"http://127.0.0.1:{p}" for i, p in PORTS.items()}, GW, t0, pids=pids,
+                      gpus={i: k for k, i in enumerate(PORTS)})  # as start() placed them
     sampler.start()
     procs = []
     (w / "sides").mkdir(exist_ok=True)  # apart: a device call returns few files
@@ -125,6 +150,8 @@ def one(model_dir: str, w: Path, kind: str, conc: int, n: int, clients: list[int
     row: dict[str, Any] = {"conc": conc, "pass": n, "kind": kind, "drain_s": drained, "timing": timing, "sides": {}}
     if kind[0] == "j":
         row["jitter_ms"] = jitter_ms
+    if pinned:
+        row["pin"] = pinned
     for path, cpu, out, proc in procs:
         rc = proc.wait()
         row["sides"][path] = {**(json.loads(out.read_text()) if rc == 0 else {"rc": rc}), "client_cpu": cpu}
@@ -158,7 +185,8 @@ def run(model_dir: str, w: Path, concs: list[int], passes: int, timing: dict[str
     for conc in concs:
         done = sum(1 for r in rows if r["conc"] == conc)  # a second run goes on with the cycle
         for n in range(done, done + passes):
-            rows.append(one(model_dir, w, kinds[(n - done) % len(kinds)], conc, n, clients, timing, jitter_ms))
+            kind = kinds[(n - done) % len(kinds)]
+            rows.append(one(model_dir, w, kind[:2], conc, n, clients, timing, jitter_ms, apart=kind.endswith("p")))
             rows_path.write_text(json.dumps(rows, indent=1))
     return rows
 
@@ -170,7 +198,8 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--conc", type=int, nargs="+", default=[1024])
     ap.add_argument("--passes", type=int, default=6, help="run: passes per concurrency, cycling through --kinds")
-    ap.add_argument("--kinds", default=",".join(KINDS), help="run: the kinds of pass to cycle through, in order")
+    ap.add_argument("--kinds", default=",".join(KINDS),
+                    help="run: the kinds of pass to cycle through, in order; gbp, gap...: with the engines apart")
     ap.add_argument("--warmup", type=float, default=10.0, help="run: seconds of load before the window")
     ap.add_argument("--window", type=float, default=30.0, help="run: seconds measured")
     ap.add_argument("--tail", type=float, default=8.0, help="run: seconds of load after it, for late first tokens")
@@ -183,7 +212,7 @@ def main() -> None:
         res: Any = start(a.model_dir, w)
     elif a.phase == "run":
         kinds = a.kinds.split(",")
-        if not kinds or set(kinds) - set(KINDS):
+        if not kinds or {k.removesuffix("p") if len(k) == 3 else k for k in kinds} - set(KINDS):
             ap.error(f"--kinds: each of {', '.join(KINDS)}, not {a.kinds!r}")
         timing = {"warmup": a.warmup, "window": a.window, "tail": a.tail, "ramp": a.ramp}
         res = run(a.model_dir, w, a.conc, a.passes, timing, kinds, a.jitter_ms)

@@ -245,6 +245,31 @@ def _steps_table(group: list[dict[str, Any]]) -> list[str]:
             *_ratio_line("Engine steps a second", ratios)]
 
 
+def _host_table(group: list[dict[str, Any]]) -> list[str]:
+    """Passes with in_pass.engine's run delay and GPU figures: per side, the CPU its engine core
+    (and any workers) used and the share of a CPU its threads spent waiting for one, the same for
+    its API server, its GPU's busy %, SM clock and power, and the GPU's busy ms per engine step.
+    A CPU-bound engine that waits for a CPU, or whose GPU sits idle between its kernels, steps
+    slower for want of CPU; one whose GPU is busy throughout steps at the GPU's pace."""
+    lines: list[str] = []
+    for r in group:
+        for path in r["sides"]:
+            e = (r.get("engine") or {}).get(path) or {}
+            if e.get("engine_wait") is None or e.get("gpu_busy_pct") is None:
+                continue
+            busy_ms = (f"{e['gpu_busy_pct'] * 10 / e['steps_per_s']:.1f}" if e.get("steps_per_s") else "—")
+            where = (r.get("pin") or {}).get(instance(path), {}).get("cpu", "—")
+            lines.append(f"| {r['pass']} | {r['kind']} | {where} | {path} | {e['engine_cpu']} | {e['engine_wait']} | "
+                         f"{e['api_cpu']} | {e['api_wait']} | {e['gpu_busy_pct']} | {e['sm_mhz']:.0f} | "
+                         f"{e['power_w']:.0f} | {busy_ms} |")
+    if not lines:
+        return []
+    return ["\nEach side's CPU and GPU over the window (in_pass.engine; CPU and waiting in cores):\n",
+            "| pass | kind | engine core's CPU | side | engine core CPU | engine core waiting for a CPU "
+            "| API server CPU | API server waiting | GPU busy, % | SM clock, MHz | GPU power, W "
+            "| GPU busy ms a step |", "|---|---|---|---|---|---|---|---|---|---|---|---|", *lines]
+
+
 def _clock_table(group: list[dict[str, Any]]) -> list[str]:
     """Passes with vLLM's clocks (in_pass.vllm_means): each side's mean TTFT and request life as
     its client measured them, beside vLLM's own, which start when its handler renders the prompt;
@@ -303,15 +328,16 @@ def _sub_table(group: list[dict[str, Any]]) -> list[str]:
 
 def _heading(conc: int, family: str, group: list[dict[str, Any]]) -> list[str]:
     kinds = FAMILIES[family]
+    apart = ", each engine core loop on a CPU of its own" if group[0].get("pin") else ""
     n = {k: sum(1 for r in group if r["kind"] == k) for k in kinds}
     if family == "gateway":
         title = (f"{conc:,} streams per side ({n['gb']} gb, {n['ga']} ga, {n['aa']} aa passes; "
-                 f"{sum(r.get('queued', 0) for r in group)} requests queued in the gateway)")
+                 f"{sum(r.get('queued', 0) for r in group)} requests queued in the gateway{apart})")
         label = "gateway"
     else:
         jitter = sorted({r.get("jitter_ms") for r in group})
         title = (f"{conc:,} streams per side, direct both, one pausing 0–{'/'.join(map(str, jitter))} ms before "
-                 f"each request ({n['jb']} jb, {n['ja']} ja passes)")
+                 f"each request ({n['jb']} jb, {n['ja']} ja passes{apart})")
         label = "jittered"
     return [f"\n### {title}\n",
             f"| measure | {label} ÷ direct, median of swap pairs (90 % interval), above 1 | passes {kinds[0]} / "
@@ -322,8 +348,10 @@ def _heading(conc: int, family: str, group: list[dict[str, Any]]) -> list[str]:
 def report(rows: list[dict[str, Any]]) -> str:
     lines = []
     rng = random.Random(21)
-    for conc, (family, kinds) in itertools.product(sorted({r["conc"] for r in rows}), FAMILIES.items()):
-        group = [r for r in rows if r["conc"] == conc and r["kind"] in kinds]
+    # passes with the engines apart (twin_pairs.py's gbp, gap) pair and report among themselves
+    for conc, (family, kinds), apart in itertools.product(sorted({r["conc"] for r in rows}), FAMILIES.items(),
+                                                          (False, True)):
+        group = [r for r in rows if r["conc"] == conc and r["kind"] in kinds and bool(r.get("pin")) == apart]
         if not group:
             continue
         lines += [*_heading(conc, family, group), "|---|---|---|---|---|---|---|"]
@@ -349,8 +377,8 @@ def report(rows: list[dict[str, Any]]) -> str:
         if cpu and client:
             lines.append(f"\nGateway CPU over a pass: {min(cpu):.2f}–{max(cpu):.2f} of a core; each client over "
                          f"its window: {min(client):.2f}–{max(client):.2f}.")
-        lines += (_waves_line(group) + _engine_table(group) + _steps_table(group) + _clock_table(group)
-                  + _sub_table(group))
+        lines += (_waves_line(group) + _engine_table(group) + _steps_table(group) + _host_table(group)
+                  + _clock_table(group) + _sub_table(group))
     return "\n".join(lines)
 
 
