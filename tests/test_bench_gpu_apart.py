@@ -122,3 +122,64 @@ def test_passes_with_the_engines_apart_pair_among_themselves() -> None:
     assert "| 0 | gb | — | gateway:b | 1.02 | 0.05 | 0.8 | 0.01 | 70.0 | 1980 | 400 | 19.4 |" in plain
     assert "| 3 | ga | 2 | gateway:a | 1.02 | 0.05 | 0.8 | 0.01 | 70.0 | 1980 | 400 | 17.5 |" in apart
     assert "| 2 | gb | 2 | direct:a | 1.02 | 0.002 | 0.8 | 0.01 | 80.0 | 1980 | 400 | 20.0 |" in apart
+
+
+RESULTS = Path(__file__).resolve().parents[1] / "bench/gpu/results"
+APART = [f"twin-apart-h200x2/rows-{k}.json.gz" for k in (1, 2, 3)]
+
+
+def _rows(files: list[str]) -> list[dict[str, Any]]:
+    import gzip
+    import json
+
+    return [{**r, "_file": i} for i, f in enumerate(files)
+            for r in json.loads(gzip.decompress((RESULTS / f).read_bytes()))]
+
+
+def test_the_apart_write_up_matches_its_rows() -> None:
+    """twin-apart-h200x2's README, bench/README and the README quote these figures."""
+    stats = _load("twin_stats")
+    out = stats.report(_rows(APART))
+    plain, apart = out.split("each engine core loop on a CPU of its own")
+    for line in ("| tokens/s | 0.987 (0.863–1.042), 2 of 4 |", "| TTFT p50 | 1.004 (0.902–1.073), 2 of 4 |",
+                 "gateway ÷ direct, each pass: 0.741, 0.976, 0.974, 1.060, 0.993, 0.967, 0.998, 1.083 (median 0.984)."):
+        assert line in plain
+    for line in ("| tokens/s | 0.984 (0.933–1.084), 1 of 3 | 1.042 1.050 0.870 / 0.930 1.119 1.000 |",
+                 "| TTFT p50 | 0.918 (0.905–0.939), 0 of 3 |",
+                 "gateway ÷ direct, each pass: 1.068, 0.855, 0.988, 1.163, 0.839, 1.009 (median 0.998).",
+                 "| 2 | gb | 27 | direct:a |", "| 2 | gb | 28 | gateway:b |"):
+        assert line in apart
+    every = stats.report(_rows(["twin-2b8-h200x2/rows.json.gz", "twin-2b8-h200x2/rows-engine.json.gz", *APART]))
+    assert "| tokens/s | 0.966 (0.925–1.002), 2 of 7 |" in every
+    assert "| TTFT p50 | 0.978 (0.876–1.073), 3 of 7 |" in every
+    # every side of every pass: the CPU and GPU ranges the write-up gives
+    engines = [e for r in _rows(APART) for e in r["engine"].values()]
+    assert len(engines) == 28
+    assert max(max(e["engine_wait"], e["api_wait"]) for e in engines) < 0.0005
+    assert (min(e["engine_cpu"] for e in engines), max(e["engine_cpu"] for e in engines)) == (0.999, 1.034)
+    assert (min(e["gpu_busy_pct"] for e in engines), max(e["gpu_busy_pct"] for e in engines)) == (24.2, 46.7)
+    per_step = [e["engine_cpu"] / e["steps_per_s"] * 1000 for e in engines]
+    assert (round(min(per_step), 1), round(max(per_step), 1)) == (17.9, 29.6)
+
+
+def test_which_side_held_more_requests_and_stepped_slower() -> None:
+    """The write-up's 16 passes at 256 with the engine figures: the gateway side held more
+    requests in its engine in 12, and its running ratio and steps ratio go opposite ways."""
+    import math
+    import statistics
+
+    in_pass, stats = _load("in_pass"), _load("twin_stats")
+    running, steps, tokens, more = [], [], [], 0
+    for r in _rows(["twin-2b8-h200x2/rows-engine.json.gz", *APART]):
+        num, den = stats._paths(r)
+        t = r["timing"]
+        mean = {p: statistics.fmean(q[1] for q in in_pass.in_window(r["samples"][in_pass.instance(p)], t["warmup"],
+                                                                     t["warmup"] + t["window"])) for p in (num, den)}
+        e = r["engine"]
+        running.append(math.log(mean[num] / mean[den]))
+        steps.append(math.log(e[num]["steps_per_s"] / e[den]["steps_per_s"]))
+        tokens.append(math.log(e[num]["tokens_per_step"] / e[den]["tokens_per_step"]))
+        more += mean[num] > mean[den]
+    assert (len(steps), more) == (16, 12)
+    assert round(statistics.correlation(running, steps), 2) == -0.55
+    assert round(statistics.correlation(tokens, steps), 2) == -0.50
