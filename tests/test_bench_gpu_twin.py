@@ -264,6 +264,7 @@ def test_one_twin_pass_through_real_sockets(kind: str, tmp_path: Path, monkeypat
     # each side's fake used CPU over the window; a fake has no engine steps to count
     for path in ("direct:a", other):
         assert row["engine"][path]["api_cpu"] > 0 and row["engine"][path]["steps_per_s"] == 0, row["engine"]
+        assert row["engine"][path]["api_wait"] >= 0, row["engine"]  # read from /proc, not unknown
 
 
 RESULTS = Path(__file__).resolve().parents[1] / "bench/gpu/results"

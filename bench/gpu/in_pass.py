@@ -125,14 +125,16 @@ class Gpus:
 
     def __init__(self) -> None:
         self.nvml: Any = None
-        for module in ("pynvml", "vllm.third_party.pynvml"):  # nvidia-ml-py, or the copy vLLM carries
+        try:
             try:
-                nvml = importlib.import_module(module)
-                nvml.nvmlInit()
-            except Exception:  # no library, no driver: try the next, else the figures are unknown
-                continue
-            self.nvml = nvml
-            break
+                nvml = importlib.import_module("pynvml")  # nvidia-ml-py
+            except ImportError:
+                # the copy vLLM carries; only then, as importing vllm takes seconds of the pass
+                nvml = importlib.import_module("vllm.third_party.pynvml")
+            nvml.nvmlInit()
+        except Exception:  # no library, no driver (no GPU here): the figures are unknown
+            return
+        self.nvml = nvml
 
     def figures(self, index: int | None) -> list[float]:
         """``GPU``'s figures for GPU ``index`` now."""
