@@ -265,7 +265,7 @@ def _host_table(group: list[dict[str, Any]]) -> list[str]:
     if not lines:
         return []
     return ["\nEach side's CPU and GPU over the window (in_pass.engine; CPU and waiting in cores):\n",
-            "| pass | kind | engine core's CPU | side | engine core CPU | engine core waiting for a CPU "
+            "| pass | kind | engine loop pinned to CPU | side | engine core CPU | engine core waiting for a CPU "
             "| API server CPU | API server waiting | GPU busy, % | SM clock, MHz | GPU power, W "
             "| GPU busy ms a step |", "|---|---|---|---|---|---|---|---|---|---|---|---|", *lines]
 
