@@ -1,6 +1,7 @@
 """What twin_pairs.py's pinned passes and in_pass.py's CPU and GPU figures rest on: each
-instance's engine core loop moved onto a CPU of its own and back (pin.py), the time a process's
-threads waited for a CPU, and how twin_stats.py reports passes with the engines apart."""
+instance's engine core loop moved onto a CPU of its own and back (pin.py), the CPU a process and
+its descendants used and the time their threads waited for a CPU, and how twin_stats.py reports
+passes with the engines apart."""
 
 from __future__ import annotations
 
@@ -62,6 +63,20 @@ def test_a_pinned_pass_gives_the_engine_loop_a_cpu_of_its_own_and_a_plain_one_pu
         api.wait()
 
 
+def test_processes_count_the_cpu_of_the_descendants_apart() -> None:
+    in_pass = _load("in_pass")
+    child = subprocess.Popen([sys.executable, "-c", _BURN.format(s=0.3)])
+    try:
+        deadline = time.monotonic() + 20
+        while (cpu := in_pass.processes(os.getpid())[:2])[1] < 0.25 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert cpu[1] >= 0.25 and cpu[0] > 0, cpu
+    finally:
+        child.kill()
+        child.wait()
+    assert in_pass.processes(None) == [-1.0, -1.0, -1.0, -1.0]
+
+
 def test_the_run_delay_counts_a_descendant_that_waited_for_a_cpu() -> None:
     """Two burners held to one CPU: each waits while the other runs, and that is counted below
     the parent whose descendants they are, not for the parent itself."""
@@ -72,14 +87,13 @@ def test_the_run_delay_counts_a_descendant_that_waited_for_a_cpu() -> None:
             for _ in range(2)]
     try:
         deadline = time.monotonic() + 30
-        while (wait := in_pass.process_wait(os.getpid()))[1] < 0.2 and time.monotonic() < deadline:
+        while (wait := in_pass.processes(os.getpid())[2:])[1] < 0.2 and time.monotonic() < deadline:
             time.sleep(0.1)
         assert wait[1] >= 0.2 and wait[0] < wait[1], wait
     finally:
         for k in kids:
             k.kill()
             k.wait()
-    assert in_pass.process_wait(None) == [-1.0, -1.0]
 
 
 def test_engine_gives_the_waits_as_shares_of_a_cpu_and_the_gpu_as_means() -> None:
@@ -129,11 +143,7 @@ APART = [f"twin-apart-h200x2/rows-{k}.json.gz" for k in (1, 2, 3)]
 
 
 def _rows(files: list[str]) -> list[dict[str, Any]]:
-    import gzip
-    import json
-
-    return [{**r, "_file": i} for i, f in enumerate(files)
-            for r in json.loads(gzip.decompress((RESULTS / f).read_bytes()))]
+    return _load("twin_stats").load([str(RESULTS / f) for f in files])
 
 
 def test_the_apart_write_up_matches_its_rows() -> None:

@@ -104,20 +104,13 @@ def _run_delay(pid: int) -> float:
     return total / 1e9
 
 
-def process_cpu(pid: int | None) -> list[float]:
-    """CPU seconds so far of ``pid`` (an instance's API server) and of all its descendants; -1 for
-    both without a PID."""
+def processes(pid: int | None) -> list[float]:
+    """``PROCESS``' figures so far: the CPU seconds of ``pid`` (an instance's API server) and of all
+    its descendants, then the run delay of each (``_run_delay``); -1 for all without a PID."""
     if pid is None:
-        return [-1.0, -1.0]
-    return [_cpu_s(pid), sum(_cpu_s(c) for c in descendants(pid))]
-
-
-def process_wait(pid: int | None) -> list[float]:
-    """The run delay so far of ``pid``'s threads and of all its descendants' (``_run_delay``); -1
-    for both without a PID."""
-    if pid is None:
-        return [-1.0, -1.0]
-    return [_run_delay(pid), sum(_run_delay(c) for c in descendants(pid))]
+        return [-1.0] * len(PROCESS)
+    below = descendants(pid)  # walked once for both figures
+    return [_cpu_s(pid), sum(_cpu_s(c) for c in below), _run_delay(pid), sum(_run_delay(c) for c in below)]
 
 
 class Gpus:
@@ -182,8 +175,8 @@ class Sampler(threading.Thread):
                     c = conns.get(name, {})
                     self.rows[name].append([t, gauge(_RUNNING, text), gauge(_WAITING, text),
                                             c.get("open", 0), c.get("idle", 0),
-                                            *clocks(text), *process_cpu(pid := self.pids.get(name)),
-                                            *process_wait(pid), *gpus.figures(self.gpus.get(name))])
+                                            *clocks(text), *processes(self.pids.get(name)),
+                                            *gpus.figures(self.gpus.get(name))])
 
     def stop(self) -> dict[str, list[list[float]]]:
         self._halt.set()

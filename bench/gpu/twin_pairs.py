@@ -68,6 +68,11 @@ _QUEUED = re.compile(r"^fleet_queue_wait_seconds_count\{[^}]*\} (\S+)$", re.M)
 _BUSY = re.compile(r"^vllm:num_requests_(?:running|waiting)\{[^}]*\} (\S+)$", re.M)
 
 
+def split_kind(kind: str) -> tuple[str, bool]:
+    """``--kinds``' entry as (the kind of pass, whether the engines run apart): ``gbp`` -> (gb, True)."""
+    return (kind[:2], True) if len(kind) == 3 and kind.endswith("p") else (kind, False)
+
+
 def sides(kind: str) -> list[tuple[str, str, str]]:
     """(path, base URL, served name) for each side of a pass, the first on client core 0."""
     direct = {i: (f"direct:{i}", f"http://127.0.0.1:{p}", f"tiny-{i}") for i, p in PORTS.items()}
@@ -127,10 +132,11 @@ def place(w: Path, pids: dict[str, int], apart: bool) -> dict[str, Any] | None:
 
 def one(model_dir: str, w: Path, kind: str, conc: int, n: int, clients: list[int],
         timing: dict[str, float], jitter_ms: float = 0.0, apart: bool = False) -> dict[str, Any]:
-    pids = {name: i["pid"] for name, i in instances().items() if name in PORTS and i.get("pid")}
+    listed = instances()
+    pids = {name: i["pid"] for name, i in listed.items() if name in PORTS and i.get("pid")}
+    gw_pid = listed.get("gateway", {}).get("pid")
     pinned = place(w, pids, apart)
     drained = _drain()
-    gw_pid = next((i["pid"] for name, i in instances().items() if name == "gateway"), None)
     queued0, cpu0 = _sum(_QUEUED, GW + "/metrics"), cpu_seconds(gw_pid) if gw_pid else None
     t0 = time.monotonic() + 3.0  # both clients import and connect before it
     sampler = Sampler({i: f"http://127.0.0.1:{p}" for i, p in PORTS.items()}, GW, t0, pids=pids,
@@ -185,8 +191,8 @@ def run(model_dir: str, w: Path, concs: list[int], passes: int, timing: dict[str
     for conc in concs:
         done = sum(1 for r in rows if r["conc"] == conc)  # a second run goes on with the cycle
         for n in range(done, done + passes):
-            kind = kinds[(n - done) % len(kinds)]
-            rows.append(one(model_dir, w, kind[:2], conc, n, clients, timing, jitter_ms, apart=kind.endswith("p")))
+            kind, apart = split_kind(kinds[(n - done) % len(kinds)])
+            rows.append(one(model_dir, w, kind, conc, n, clients, timing, jitter_ms, apart=apart))
             rows_path.write_text(json.dumps(rows, indent=1))
     return rows
 
@@ -212,7 +218,7 @@ def main() -> None:
         res: Any = start(a.model_dir, w)
     elif a.phase == "run":
         kinds = a.kinds.split(",")
-        if not kinds or {k.removesuffix("p") if len(k) == 3 else k for k in kinds} - set(KINDS):
+        if not kinds or {split_kind(k)[0] for k in kinds} - set(KINDS):
             ap.error(f"--kinds: each of {', '.join(KINDS)}, not {a.kinds!r}")
         timing = {"warmup": a.warmup, "window": a.window, "tail": a.tail, "ramp": a.ramp}
         res = run(a.model_dir, w, a.conc, a.passes, timing, kinds, a.jitter_ms)

@@ -382,12 +382,15 @@ def report(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def main(paths: list[str]) -> None:
-    # a long run's rows (each request's TTFT) are kept gzipped in results/; several runs pool
-    # their swap pairs, each pair within one file
-    rows = [{**r, "_file": i} for i, p in enumerate(paths)
+def load(paths: list[str]) -> list[dict[str, Any]]:
+    """The rows of several runs, each marked with its file (``_file``): they pool their swap pairs,
+    each pair within one file. A long run's rows (each request's TTFT) are kept gzipped in results/."""
+    return [{**r, "_file": i} for i, p in enumerate(paths)
             for r in json.loads(gzip.decompress(Path(p).read_bytes()) if p.endswith(".gz") else Path(p).read_text())]
-    print(report(rows))
+
+
+def main(paths: list[str]) -> None:
+    print(report(load(paths)))
 
 
 if __name__ == "__main__":
