@@ -230,7 +230,8 @@ def test_one_twin_pass_through_real_sockets(kind: str, tmp_path: Path, monkeypat
         monkeypatch.setattr(twin, "instances", lambda: {"a": {"pid": a.pid}, "b": {"pid": b.pid}})
         cpu = sorted(os.sched_getaffinity(0))[0]
         row = twin.one(make_tiny_model(str(TINY_MODEL_DIR)), tmp_path, kind, 4, 0, [cpu, cpu],
-                       {"warmup": 0.5, "window": 2.5, "tail": 0.5, "ramp": 0.2}, jitter_ms=60.0)
+                       {"warmup": 0.5, "window": 2.5, "tail": 0.5, "ramp": 0.2}, jitter_ms=60.0,
+                       prof=kind == "gb")
         # each side reached its own fake: b's requests came through the gateway, a's straight
         served = (a.stats()["completed"], b.stats()["completed"])
     finally:
@@ -238,6 +239,11 @@ def test_one_twin_pass_through_real_sockets(kind: str, tmp_path: Path, monkeypat
             p.stop()
     other = "gateway:b" if kind == "gb" else "jitter:b"
     assert set(row["sides"]) == {"direct:a", other}
+    if kind == "gb":  # py-spy sampled each fake over the window; a fake has no engine core below it
+        assert {name: set(procs) for name, procs in row["prof"].items()} == {"a": {"api"}, "b": {"api"}}, row["prof"]
+        assert all(procs["api"]["samples"] > 0 for procs in row["prof"].values()), row["prof"]
+    else:
+        assert "prof" not in row
     for side in row["sides"].values():
         assert side["errors"] == 0, row
         assert side["output_throughput"] > 0 and side["requests_in_window"] > 0, row

@@ -56,7 +56,8 @@ from bench_clients import cpu_seconds
 from detached_up import launch_up, placed, stop
 from gpu_fleet import GW, base_fleet, fleet_healthy, inst, instances, wait
 from in_pass import Sampler, descendants, engine, gauge, instance, means, vllm_means
-from pin import cores, engines_apart, pin
+from pin import busiest, cores, engines_apart, pin
+from prof import collect, record
 from twin_stats import report
 
 HERE = Path(__file__).resolve().parent
@@ -85,9 +86,13 @@ def sides(kind: str) -> list[tuple[str, str, str]]:
     return [other, (f"gateway:{to}", GW, f"tiny-{to}")]
 
 
-def start(model_dir: str, w: Path) -> dict[str, Any]:
+def start(model_dir: str, w: Path, vllm_args: list[str] | None = None) -> dict[str, Any]:
+    """``vllm_args``: each instance's vLLM arguments instead of gpu_fleet's (``--enforce-eager``...)."""
     fleet = {**base_fleet(w), "instances": [{**inst(i, model_dir, [n], [f"tiny-{i}"], p), "gpu_memory_utilization": 0.5}
                                             for n, (i, p) in enumerate(PORTS.items())]}
+    if vllm_args is not None:
+        for i in fleet["instances"]:
+            i["vllm_args"] = vllm_args
     groups = cores()
     if len(groups) < 4:
         raise SystemExit(f"twin passes need 4 physical cores (2 clients, the gateway, vLLM), not {len(groups)}")
@@ -96,6 +101,7 @@ def start(model_dir: str, w: Path) -> dict[str, Any]:
     launch_up(w, fleet, {c for g in groups[:-2] for c in g})
     took = wait(lambda: fleet_healthy(["a", "b"]) and len(instances()) == 3, 420, "instances a and b in rotation")
     return {"up_to_ready_s": round(took, 1), "fleet": httpx.get(GW + "/fleet", timeout=5).json(),
+            "vllm_args": fleet["instances"][0]["vllm_args"],
             "cpus": placed(w), "client_cpus": client}
 
 
@@ -130,8 +136,23 @@ def place(w: Path, pids: dict[str, int], apart: bool) -> dict[str, Any] | None:
     return None
 
 
+def profile(w: Path, pids: dict[str, int], name: str, delay: float, seconds: float) -> dict[str, Any]:
+    """py-spy on each instance's API server and engine core (its busiest process below the API
+    server) over the window, on the instances' CPUs (prof.py); {} without py-spy."""
+    cpus = set(json.loads((w / INSTANCE_CPUS).read_text()))
+    spies: dict[str, Any] = {}
+    for inst_name, pid in pids.items():
+        eng = busiest(descendants(pid))
+        for proc, target in (("api", pid), ("engine", eng[0] if eng else None)):
+            out = w / "sides" / f"{name}-{inst_name}-{proc}.txt"
+            if target and (spy := record(target, out, delay, seconds, cpus)) is not None:
+                spies.setdefault(inst_name, {})[proc] = (spy, out)
+    return spies
+
+
 def one(model_dir: str, w: Path, kind: str, conc: int, n: int, clients: list[int],
-        timing: dict[str, float], jitter_ms: float = 0.0, apart: bool = False) -> dict[str, Any]:
+        timing: dict[str, float], jitter_ms: float = 0.0, apart: bool = False,
+        prof: bool = False) -> dict[str, Any]:
     listed = instances()
     pids = {name: i["pid"] for name, i in listed.items() if name in PORTS and i.get("pid")}
     gw_pid = listed.get("gateway", {}).get("pid")
@@ -153,6 +174,8 @@ def one(model_dir: str, w: Path, kind: str, conc: int, n: int, clients: list[int
                *(f"--{key}={v}" for key, v in timing.items()),
                *([f"--jitter-ms={jitter_ms}"] if path.startswith("jitter") else [])]
         procs.append((path, cpu, out, subprocess.Popen(cmd, preexec_fn=lambda c=cpu: os.sched_setaffinity(0, {c}))))
+    window_in = t0 + timing["warmup"] - time.monotonic()
+    spies = profile(w, pids, f"c{conc}-p{n}", window_in, timing["window"]) if prof else {}
     row: dict[str, Any] = {"conc": conc, "pass": n, "kind": kind, "drain_s": drained, "timing": timing, "sides": {}}
     if kind[0] == "j":
         row["jitter_ms"] = jitter_ms
@@ -163,6 +186,8 @@ def one(model_dir: str, w: Path, kind: str, conc: int, n: int, clients: list[int
         row["sides"][path] = {**(json.loads(out.read_text()) if rc == 0 else {"rc": rc}), "client_cpu": cpu}
     span = time.monotonic() - t0
     samples = sampler.stop()
+    if prof:
+        row["prof"] = collect(spies)
     start = timing["warmup"]
     # each side's instance, its requests and the gateway's connections to it, over the window
     row["in_vllm"] = {path: means(samples[instance(path)], start, start + timing["window"]) for path in row["sides"]}
@@ -184,7 +209,7 @@ def one(model_dir: str, w: Path, kind: str, conc: int, n: int, clients: list[int
 
 
 def run(model_dir: str, w: Path, concs: list[int], passes: int, timing: dict[str, float],
-        kinds: list[str], jitter_ms: float = 0.0) -> list[dict[str, Any]]:
+        kinds: list[str], jitter_ms: float = 0.0, prof: bool = False) -> list[dict[str, Any]]:
     rows_path = w / "rows.json"
     rows: list[dict[str, Any]] = json.loads(rows_path.read_text()) if rows_path.exists() else []
     clients = json.loads((w / CLIENT_CPUS).read_text())
@@ -192,7 +217,7 @@ def run(model_dir: str, w: Path, concs: list[int], passes: int, timing: dict[str
         done = sum(1 for r in rows if r["conc"] == conc)  # a second run goes on with the cycle
         for n in range(done, done + passes):
             kind, apart = split_kind(kinds[(n - done) % len(kinds)])
-            rows.append(one(model_dir, w, kind, conc, n, clients, timing, jitter_ms, apart=apart))
+            rows.append(one(model_dir, w, kind, conc, n, clients, timing, jitter_ms, apart=apart, prof=prof))
             rows_path.write_text(json.dumps(rows, indent=1))
     return rows
 
@@ -211,17 +236,21 @@ def main() -> None:
     ap.add_argument("--tail", type=float, default=8.0, help="run: seconds of load after it, for late first tokens")
     ap.add_argument("--ramp", type=float, default=0.0, help="run: seconds over which each side's streams start")
     ap.add_argument("--jitter-ms", type=float, default=50.0, help="run: the jitter side's pause before each request")
+    ap.add_argument("--profile", action="store_true",
+                    help="run: py-spy on each instance's API server and engine core over the window (prof.py)")
+    ap.add_argument("--vllm-args", help="start: each instance's vLLM arguments, in place of --enforce-eager "
+                    "--max-model-len 2048 (e.g. '--max-model-len 2048': vLLM's default CUDA graphs and compilation)")
     a = ap.parse_args()
     w = Path(a.out)
     w.mkdir(parents=True, exist_ok=True)
     if a.phase == "start":
-        res: Any = start(a.model_dir, w)
+        res: Any = start(a.model_dir, w, None if a.vllm_args is None else a.vllm_args.split())
     elif a.phase == "run":
         kinds = a.kinds.split(",")
         if not kinds or {split_kind(k)[0] for k in kinds} - set(KINDS):
             ap.error(f"--kinds: each of {', '.join(KINDS)}, not {a.kinds!r}")
         timing = {"warmup": a.warmup, "window": a.window, "tail": a.tail, "ramp": a.ramp}
-        res = run(a.model_dir, w, a.conc, a.passes, timing, kinds, a.jitter_ms)
+        res = run(a.model_dir, w, a.conc, a.passes, timing, kinds, a.jitter_ms, a.profile)
         print(report(res))
     else:
         res = stop(w)
