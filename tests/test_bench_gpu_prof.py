@@ -63,20 +63,85 @@ def test_fold_counts_a_frame_once_a_stack_and_drops_line_numbers(tmp_path: Path)
     assert folded["self"] == {"step (core.py)": 6, "poll (io.py)": 3}
 
 
-def test_compare_sets_each_side_s_frames_in_ms_a_step() -> None:
+def test_compare_sets_each_side_s_frames_in_ms_of_cpu_a_step() -> None:
     prof = _load("prof")
-    # 10 s window, 100 samples a second: a at 50 steps a second (500 steps), b at 40 (400)
-    row = {"pass": 3, "kind": "gb", "timing": {"window": 10.0},
-           "sides": {"direct:a": {}, "gateway:b": {}},
-           "engine": {"direct:a": {"steps_per_s": 50.0}, "gateway:b": {"steps_per_s": 40.0}},
+    # a: a full core over 50 steps a second (20 ms a step); b: a full core over 40 (25 ms a step)
+    row = {"pass": 3, "kind": "gb", "sides": {"direct:a": {}, "gateway:b": {}},
+           "engine": {"direct:a": {"steps_per_s": 50.0, "engine_cpu": 1.0},
+                      "gateway:b": {"steps_per_s": 40.0, "engine_cpu": 1.0}},
            "prof": {"a": {"engine": {"rate": 100, "samples": 1000, "inclusive": {"step (core.py)": 1000,
                                                                                   "schedule (s.py)": 200}}},
-                    "b": {"engine": {"rate": 100, "samples": 1000, "inclusive": {"step (core.py)": 1000,
-                                                                                  "schedule (s.py)": 400}}}}}
+                    "b": {"engine": {"rate": 100, "samples": 500, "inclusive": {"step (core.py)": 500,
+                                                                                 "schedule (s.py)": 200}}}}}
     out = prof.compare(row).splitlines()
-    # 1,000 samples are 10 s of CPU: 20 ms a step over 500 steps, 25 over 400
-    assert out[1] == "  all samples: 20.00 | 25.00 | +5.00"
+    # a frame's share of its process's samples (whatever rate py-spy kept up) times the CPU a step
+    assert out[0] == "pass 3 (gb), engine, inclusive, ms of CPU a step: direct:a | gateway:b | difference"
+    assert out[1] == "  the process's CPU: 20.00 | 25.00 | +5.00"
     assert out[2] == "  step (core.py): 20.00 | 25.00 | +5.00"
     assert out[3] == "  schedule (s.py): 4.00 | 10.00 | +6.00"
+    # the API server's per token its clients received: 0.5 of a core over 10,000 tokens/s is 50 µs
+    for path, name in (("direct:a", "a"), ("gateway:b", "b")):
+        row["sides"][path]["output_throughput"] = 10000.0  # type: ignore[index]
+        row["engine"][path]["api_cpu"] = 0.5  # type: ignore[index]
+        row["prof"][name]["api"] = row["prof"][name]["engine"]  # type: ignore[index]
+    assert prof.compare(row, "api").splitlines()[1:3] == ["  the process's CPU: 50.00 | 50.00 | +0.00",
+                                                          "  step (core.py): 50.00 | 50.00 | +0.00"]
     del row["prof"]["b"]  # type: ignore[attr-defined]
     assert "no engine profile of gateway:b" in prof.compare(row)
+
+
+def test_ratios_take_each_gateway_pass_s_cpu_a_unit_with_or_without_a_profile() -> None:
+    prof = _load("prof")
+
+    def row(first: str, second: str, engine_cpu: tuple[float, float]) -> dict[str, object]:
+        return {"sides": {first: {"output_throughput": 1000.0}, second: {"output_throughput": 1000.0}},
+                "engine": {first: {"steps_per_s": 10.0, "engine_cpu": engine_cpu[0], "api_cpu": 0.5},
+                           second: {"steps_per_s": 10.0, "engine_cpu": engine_cpu[1], "api_cpu": 0.5}}}
+
+    rows = [row("direct:a", "gateway:b", (1.0, 1.1)),
+            row("gateway:a", "direct:b", (0.9, 1.0)),  # the gateway side first: still over the direct one
+            row("direct:a", "direct:b", (1.0, 2.0)),  # no gateway: not a pass of the ratio
+            {"sides": {"direct:a": {}, "gateway:b": {}}, "engine": {}}]  # no figures
+    assert prof.ratios(rows, "engine") == ("engine, ms of CPU a step, gateway ÷ direct, each pass: 1.100, 0.900 "
+                                           "(median 1.000; above 1 in 1 of 2)")
+    assert prof.ratios(rows, "api").startswith("api, µs of CPU a token, gateway ÷ direct, each pass: 1.000, 1.000 ")
+    assert prof.ratios(rows[2:], "api") == "api: no pass with both sides' figures"
+
+
+GRAPHS = Path(__file__).resolve().parents[1] / "bench/gpu/results/twin-graphs-h200x2"
+
+
+def test_the_graphs_write_up_matches_its_rows() -> None:
+    """twin-graphs-h200x2's README, bench/README and the README quote these figures."""
+    stats, prof = _load("twin_stats"), _load("prof")
+    graphs = stats.load([str(GRAPHS / f"rows-graphs-{k}.json.gz") for k in (1, 2)])
+    eager = stats.load([str(GRAPHS / "rows-eager.json.gz")])
+    out = stats.report(graphs)
+    assert "| tokens/s | 0.994 (0.977–1.017), 2 of 6 |" in out
+    assert "| TTFT p50 | 0.985 (0.930–1.024), 2 of 6 |" in out
+    assert "each pass: -6, +8, -1, +2, -11, +16, +9, -17, +8, +2, -11, -16 ms (median +1)" in out
+    out = stats.report(eager)
+    assert "| tokens/s | 0.981 (0.980–0.982), 0 of 2 |" in out and "| TTFT p50 | 1.012 (0.982–1.041), 1 of 2 |" in out
+    older = ("twin-2b8-h200x2/rows.json.gz", "twin-2b8-h200x2/rows-engine.json.gz",
+             *(f"twin-apart-h200x2/rows-{k}.json.gz" for k in (1, 2, 3)))
+    every = stats.load([str(GRAPHS.parent / f) for f in older])
+    assert "| tokens/s | 0.973 (0.949–0.982), 2 of 9 |" in stats.report(every + eager).split("each engine core")[0]
+    assert prof.ratios(graphs, "api").endswith("(median 1.022; above 1 in 8 of 12)")
+    assert prof.ratios(graphs, "engine").endswith("(median 1.024; above 1 in 6 of 12)")
+    assert prof.ratios(eager, "engine").endswith("(median 1.033; above 1 in 3 of 4)")
+    assert prof.ratios(eager, "api").endswith("(median 1.011; above 1 in 4 of 4)")
+    assert prof.ratios(every + eager, "engine").endswith("(median 1.019; above 1 in 13 of 20)")
+    # under vLLM's defaults the API server is the bound, under --enforce-eager the engine core
+    sides = [e for r in graphs for e in r["engine"].values()]
+    assert (min(e["api_cpu"] for e in sides), max(e["api_cpu"] for e in sides)) == (0.974, 1.02)
+    assert (min(e["engine_cpu"] for e in sides), max(e["engine_cpu"] for e in sides)) == (0.46, 0.72)
+    sides = [e for r in eager for e in r["engine"].values()]
+    assert (min(e["engine_cpu"] for e in sides), max(e["engine_cpu"] for e in sides)) == (1.002, 1.028)
+    # the eager engine's forward pass took more CPU a step on the gateway's side in every pass
+    forward = []
+    for r in eager:
+        direct, gateway = sorted(r["sides"], key=lambda p: p.startswith("gateway"))
+        ms = [prof.shares(r["prof"][p[-1]]["engine"], prof.per_unit(r, p, "engine"))
+              ["LlamaDecoderLayer.forward (vllm/model_executor/models/llama.py)"] for p in (direct, gateway)]
+        forward.append(round(ms[1] - ms[0], 2))
+    assert forward == [0.71, 1.29, 1.02, 0.41]

@@ -13,7 +13,11 @@ in a call py-spy does not know to be waiting. Each process's samples are folded 
 row as it ends (frames whose inclusive share is at least ``KEEP``), so the rows file alone
 carries them.
 
-    python3 bench/gpu/prof.py ROWS.json[.gz] [--top 20] [--proc engine|api]   # frames, ms a step, each pass
+    python3 bench/gpu/prof.py ROWS.json[.gz]... [--top 20] [--proc engine|api] [--self]
+
+prints each profiled pass's frames side by side, then for every pass with a gateway side (profiled
+or not) each process's CPU a unit of work, gateway ÷ direct (``UNITS``: the engine core's a step,
+the API server's a token its clients received).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import json
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 from collections import Counter
@@ -108,29 +113,53 @@ def collect(spies: dict[str, dict[str, tuple[subprocess.Popen[bytes], Path]]],
     return out
 
 
-def per_step(folded: dict[str, Any], steps: float, key: str = "inclusive") -> dict[str, float]:
-    """Each frame's ms a step: its samples over the rate, over the window's engine steps."""
-    ms = 1000.0 / folded["rate"] / steps
-    return {f: n * ms for f, n in folded[key].items()}
+def shares(folded: dict[str, Any], cpu: float, key: str = "inclusive") -> dict[str, float]:
+    """Each frame's share of the process's samples times ``cpu``, the process's CPU a unit of work
+    measured apart from the profile (py-spy falls behind its rate on deep stacks)."""
+    return {f: cpu * n / folded["samples"] for f, n in folded[key].items()}
+
+
+# Each process's unit of work: the engine core's CPU a step (in_pass.engine), the API server's a
+# token its clients received (its HTTP, detokenizing and output processing run per token).
+UNITS = {"engine": ("ms of CPU a step", "steps_per_s", 1e3), "api": ("µs of CPU a token", "output_throughput", 1e6)}
+
+
+def per_unit(row: dict[str, Any], path: str, proc: str) -> float | None:
+    """``path``'s ``proc`` CPU a unit of work (``UNITS``) over the pass's window, from in_pass's
+    figures alone (older rows without a profile have them too); None where they are missing."""
+    _, rate_key, scale = UNITS[proc]
+    eng = (row.get("engine") or {}).get(path) or {}
+    rate = eng.get(rate_key) or row["sides"][path].get(rate_key)
+    return eng[f"{proc}_cpu"] * scale / rate if rate and eng.get(f"{proc}_cpu") else None
+
+
+def ratios(rows: list[dict[str, Any]], proc: str) -> str:
+    """Each gateway pass's ``proc`` CPU a unit of work, gateway side ÷ direct side, and their median."""
+    found = []
+    for row in rows:
+        paths = sorted(row["sides"], key=lambda p: p.startswith("gateway"))  # direct first
+        if len(paths) == 2 and paths[1].startswith("gateway") and None not in (
+                units := [per_unit(row, p, proc) for p in paths]):
+            found.append(units[1] / units[0])  # type: ignore[operator]
+    if not found:
+        return f"{proc}: no pass with both sides' figures"
+    return (f"{proc}, {UNITS[proc][0]}, gateway ÷ direct, each pass: {', '.join(f'{r:.3f}' for r in found)} "
+            f"(median {statistics.median(found):.3f}; above 1 in {sum(r > 1 for r in found)} of {len(found)})")
 
 
 def compare(row: dict[str, Any], proc: str = "engine", top: int = 20, key: str = "inclusive") -> str:
-    """One pass: each side's ``proc`` frames in ms a step (``--window`` s of steps at the engine's
-    steps a second), the ``top`` by the larger side, and their difference."""
-    window = row["timing"]["window"]
+    """One pass: each side's ``proc`` frames in CPU a unit of work (``UNITS``), the ``top`` by the
+    larger side, and their difference."""
     cols: list[tuple[str, dict[str, float], float]] = []
     for path in row["sides"]:
-        name = path.rsplit(":", 1)[1]
-        folded = row.get("prof", {}).get(name, {}).get(proc)
-        rate = (row.get("engine") or {}).get(path) or {}
-        if not folded or "error" in folded or not rate.get("steps_per_s"):
+        folded = row.get("prof", {}).get(path.rsplit(":", 1)[1], {}).get(proc)
+        cpu = per_unit(row, path, proc)
+        if not folded or "error" in folded or cpu is None:
             return f"pass {row['pass']}: no {proc} profile of {path} ({(folded or {}).get('error', 'none')})"
-        steps = rate["steps_per_s"] * window
-        total = folded["samples"] * 1000.0 / folded["rate"] / steps
-        cols.append((path, per_step(folded, steps, key), total))
+        cols.append((path, shares(folded, cpu, key), cpu))
     (pa, a, ta), (pb, b, tb) = cols
-    lines = [f"pass {row['pass']} ({row['kind']}), {proc}, {key} ms a step: {pa} | {pb} | difference",
-             f"  all samples: {ta:.2f} | {tb:.2f} | {tb - ta:+.2f}"]
+    lines = [f"pass {row['pass']} ({row['kind']}), {proc}, {key}, {UNITS[proc][0]}: {pa} | {pb} | difference",
+             f"  the process's CPU: {ta:.2f} | {tb:.2f} | {tb - ta:+.2f}"]
     for f in sorted(set(a) | set(b), key=lambda f: -max(a.get(f, 0.0), b.get(f, 0.0)))[:top]:
         x, y = a.get(f, 0.0), b.get(f, 0.0)
         lines.append(f"  {f}: {x:.2f} | {y:.2f} | {y - x:+.2f}")
@@ -139,15 +168,19 @@ def compare(row: dict[str, Any], proc: str = "engine", top: int = 20, key: str =
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("rows", type=Path)
+    ap.add_argument("rows", type=Path, nargs="+")
     ap.add_argument("--top", type=int, default=20)
     ap.add_argument("--proc", choices=["engine", "api"], default="engine")
     ap.add_argument("--self", action="store_true", help="frames on top of the stack, not anywhere in it")
     a = ap.parse_args()
-    raw = gzip.decompress(a.rows.read_bytes()) if a.rows.suffix == ".gz" else a.rows.read_bytes()
-    for row in json.loads(raw):
+    rows = []
+    for path in a.rows:
+        rows += json.loads(gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes())
+    for row in rows:
         if "prof" in row:
             print(compare(row, a.proc, a.top, "self" if a.self else "inclusive"), end="\n\n")
+    for proc in UNITS:
+        print(ratios(rows, proc))
 
 
 if __name__ == "__main__":

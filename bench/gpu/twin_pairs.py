@@ -92,7 +92,7 @@ def start(model_dir: str, w: Path, vllm_args: list[str] | None = None) -> dict[s
                                             for n, (i, p) in enumerate(PORTS.items())]}
     if vllm_args is not None:
         for i in fleet["instances"]:
-            i["vllm_args"] = vllm_args
+            i["vllm_args"] = list(vllm_args)  # a list each: no YAML anchor in the fleet file
     groups = cores()
     if len(groups) < 4:
         raise SystemExit(f"twin passes need 4 physical cores (2 clients, the gateway, vLLM), not {len(groups)}")
