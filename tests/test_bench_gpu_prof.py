@@ -145,3 +145,18 @@ def test_the_graphs_write_up_matches_its_rows() -> None:
               ["LlamaDecoderLayer.forward (vllm/model_executor/models/llama.py)"] for p in (direct, gateway)]
         forward.append(round(ms[1] - ms[0], 2))
     assert forward == [0.71, 1.29, 1.02, 0.41]
+
+
+def test_vllm_merged_tokens_into_events_alike_on_both_sides() -> None:
+    """The write-up's reading that event merging does not explain the API server's CPU a token."""
+    import math
+    import statistics
+
+    stats, prof = _load("twin_stats"), _load("prof")
+    merged, cpu = [], []
+    for r in stats.load([str(GRAPHS / f"rows-graphs-{k}.json.gz") for k in (1, 2)]):
+        direct, gateway = sorted(r["sides"], key=lambda p: p.startswith("gateway"))
+        merged.append(math.log(r["sides"][gateway]["tokens_per_event"] / r["sides"][direct]["tokens_per_event"]))
+        cpu.append(math.log(prof.per_unit(r, gateway, "api") / prof.per_unit(r, direct, "api")))
+        assert all(1.007 <= r["sides"][p]["tokens_per_event"] <= 1.063 for p in (direct, gateway))
+    assert round(statistics.correlation(merged, cpu), 2) == -0.35
