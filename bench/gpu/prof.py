@@ -1,10 +1,11 @@
 """Sampled Python stacks of each instance's API server and engine core over a twin pass's window,
-and the two sides set beside each other per engine step.
+and the two sides set beside each other per unit of work (an engine step, a token).
 
 Why: at 256 streams the 2.8 B model's engine core stepped slower on the gateway's side, CPU-bound,
 its CPU per step moving between 17.9 and 29.6 ms from pass to pass on either side, and neither
-placement nor waiting for a CPU explained it (results/twin-apart-h200x2). A profile of both engine
-cores in the same seconds says which code's time a step differs.
+placement nor waiting for a CPU explained it (results/twin-apart-h200x2). A profile of both sides'
+processes in the same seconds says which code's time differs (results/twin-graphs-h200x2: none in
+particular).
 
 py-spy samples with ``--nonblocking``: it reads a process's memory without stopping it, so the
 profiled engine runs as it would (at the price of a torn stack now and then, counted as errors).
@@ -41,23 +42,23 @@ _LINE = re.compile(r":\d+\)$")  # a frame's line number: the same function from 
 
 
 def exe() -> str | None:
-    """py-spy: $PYSPY, on PATH, beside this Python (a venv's), or where the device's kit installs
-    .whl2 (/tmp/site/bin)."""
+    """py-spy: $PYSPY, on PATH, beside this Python (a venv's), or where twin_run.sh's header
+    installs it on the device (/tmp/spy/bin)."""
     for c in (os.environ.get("PYSPY"), shutil.which("py-spy"), str(Path(sys.executable).parent / "py-spy"),
-              "/tmp/site/bin/py-spy"):
+              "/tmp/spy/bin/py-spy"):
         if c and os.access(c, os.X_OK):
             return c
     return None
 
 
-def record(pid: int, out: Path, delay: float, seconds: float, cpus: set[int] | None = None,
-           rate: int = RATE) -> subprocess.Popen[bytes] | None:
+def record(pid: int, out: Path, delay: float, seconds: float,
+           cpus: set[int] | None = None) -> subprocess.Popen[bytes] | None:
     """Start sampling ``pid`` ``delay`` s from now for ``seconds``, raw folded stacks to ``out``
     (its log beside it); py-spy on ``cpus`` if given. None without py-spy."""
     spy = exe()
     if spy is None:
         return None
-    cmd = [spy, "record", "-p", str(pid), "-d", str(max(1, round(seconds))), "-r", str(rate), "-f", "raw",
+    cmd = [spy, "record", "-p", str(pid), "-d", str(max(1, round(seconds))), "-r", str(RATE), "-f", "raw",
            "--nonblocking", "-o", str(out)]
     log = out.with_suffix(".log").open("wb")
     with log:

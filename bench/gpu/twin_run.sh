@@ -17,6 +17,7 @@
 #   (gbp/gap: each engine core loop alone on a CPU of its own; results/twin-apart-h200x2)
 #   bash bench/gpu/twin_run.sh start --model-dir /tmp/m28 "--vllm-args=--max-model-len 2048"   # vLLM's defaults: CUDA graphs
 #   bash bench/gpu/twin_run.sh run --model-dir /tmp/m28 --conc 256 --passes 8 --kinds gb,ga --warmup 15 --window 30 --tail 10 --profile
-#   (--profile: py-spy on each side's API server and engine core, PYSPY=its path; prof.py; results/twin-graphs-h200x2)
+#   (--profile: py-spy on each side's API server and engine core; prof.py; results/twin-graphs-h200x2. Install it first:
+#    python3 -m pip install -q --no-index --no-deps --target /tmp/spy .whl2/py_spy*.whl  (its wheel in .whl2))
 # serve_run.sh's steps (the kit, the model, the files copied to $OUT) with twin_pairs.py.
 PAIRS=twin_pairs W=/tmp/twin exec bash bench/gpu/serve_run.sh "$@"
