@@ -93,15 +93,15 @@ def test_compare_sets_each_side_s_frames_in_ms_of_cpu_a_step() -> None:
 def test_ratios_take_each_gateway_pass_s_cpu_a_unit_with_or_without_a_profile() -> None:
     prof = _load("prof")
 
-    def row(first: str, second: str, engine_cpu: tuple[float, float]) -> dict[str, object]:
-        return {"sides": {first: {"output_throughput": 1000.0}, second: {"output_throughput": 1000.0}},
+    def row(kind: str, first: str, second: str, engine_cpu: tuple[float, float]) -> dict[str, object]:
+        return {"kind": kind, "sides": {first: {"output_throughput": 1000.0}, second: {"output_throughput": 1000.0}},
                 "engine": {first: {"steps_per_s": 10.0, "engine_cpu": engine_cpu[0], "api_cpu": 0.5},
                            second: {"steps_per_s": 10.0, "engine_cpu": engine_cpu[1], "api_cpu": 0.5}}}
 
-    rows = [row("direct:a", "gateway:b", (1.0, 1.1)),
-            row("gateway:a", "direct:b", (0.9, 1.0)),  # the gateway side first: still over the direct one
-            row("direct:a", "direct:b", (1.0, 2.0)),  # no gateway: not a pass of the ratio
-            {"sides": {"direct:a": {}, "gateway:b": {}}, "engine": {}}]  # no figures
+    rows = [row("gb", "direct:a", "gateway:b", (1.0, 1.1)),
+            row("ga", "gateway:a", "direct:b", (0.9, 1.0)),  # the gateway side first: still over the direct one
+            row("aa", "direct:a", "direct:b", (1.0, 2.0)),  # no gateway: not a pass of the ratio
+            {"kind": "gb", "sides": {"direct:a": {}, "gateway:b": {}}, "engine": {}}]  # no figures
     assert prof.ratios(rows, "engine") == ("engine, ms of CPU a step, gateway ÷ direct, each pass: 1.100, 0.900 "
                                            "(median 1.000; above 1 in 1 of 2)")
     assert prof.ratios(rows, "api").startswith("api, µs of CPU a token, gateway ÷ direct, each pass: 1.000, 1.000 ")
@@ -138,10 +138,11 @@ def test_the_graphs_write_up_matches_its_rows() -> None:
     sides = [e for r in eager for e in r["engine"].values()]
     assert (min(e["engine_cpu"] for e in sides), max(e["engine_cpu"] for e in sides)) == (1.002, 1.028)
     # the eager engine's forward pass took more CPU a step on the gateway's side in every pass
+    in_pass = _load("in_pass")
     forward = []
     for r in eager:
-        direct, gateway = sorted(r["sides"], key=lambda p: p.startswith("gateway"))
-        ms = [prof.shares(r["prof"][p[-1]]["engine"], prof.per_unit(r, p, "engine"))
+        gateway, direct = stats._paths(r)
+        ms = [prof.shares(r["prof"][in_pass.instance(p)]["engine"], prof.per_unit(r, p, "engine"))
               ["LlamaDecoderLayer.forward (vllm/model_executor/models/llama.py)"] for p in (direct, gateway)]
         forward.append(round(ms[1] - ms[0], 2))
     assert forward == [0.71, 1.29, 1.02, 0.41]
@@ -155,7 +156,7 @@ def test_vllm_merged_tokens_into_events_alike_on_both_sides() -> None:
     stats, prof = _load("twin_stats"), _load("prof")
     merged, cpu = [], []
     for r in stats.load([str(GRAPHS / f"rows-graphs-{k}.json.gz") for k in (1, 2)]):
-        direct, gateway = sorted(r["sides"], key=lambda p: p.startswith("gateway"))
+        gateway, direct = stats._paths(r)
         merged.append(math.log(r["sides"][gateway]["tokens_per_event"] / r["sides"][direct]["tokens_per_event"]))
         cpu.append(math.log(prof.per_unit(r, gateway, "api") / prof.per_unit(r, direct, "api")))
         assert all(1.007 <= r["sides"][p]["tokens_per_event"] <= 1.063 for p in (direct, gateway))

@@ -24,8 +24,6 @@ the API server's a token its clients received).
 from __future__ import annotations
 
 import argparse
-import gzip
-import json
 import os
 import re
 import shutil
@@ -35,6 +33,9 @@ import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
+
+from in_pass import instance
+from twin_stats import _paths, load
 
 RATE = 200  # samples a second: a 30 s window gives 6,000 of a process that is always busy
 KEEP = 0.002  # frames under this share of a process's samples are dropped from the row
@@ -138,10 +139,10 @@ def ratios(rows: list[dict[str, Any]], proc: str) -> str:
     """Each gateway pass's ``proc`` CPU a unit of work, gateway side ÷ direct side, and their median."""
     found = []
     for row in rows:
-        paths = sorted(row["sides"], key=lambda p: p.startswith("gateway"))  # direct first
-        if len(paths) == 2 and paths[1].startswith("gateway") and None not in (
-                units := [per_unit(row, p, proc) for p in paths]):
-            found.append(units[1] / units[0])  # type: ignore[operator]
+        gateway, direct = _paths(row)
+        if gateway and direct and gateway.startswith("gateway") and None not in (
+                units := [per_unit(row, p, proc) for p in (gateway, direct)]):
+            found.append(units[0] / units[1])  # type: ignore[operator]
     if not found:
         return f"{proc}: no pass with both sides' figures"
     return (f"{proc}, {UNITS[proc][0]}, gateway ÷ direct, each pass: {', '.join(f'{r:.3f}' for r in found)} "
@@ -153,7 +154,7 @@ def compare(row: dict[str, Any], proc: str = "engine", top: int = 20, key: str =
     larger side, and their difference."""
     cols: list[tuple[str, dict[str, float], float]] = []
     for path in row["sides"]:
-        folded = row.get("prof", {}).get(path.rsplit(":", 1)[1], {}).get(proc)
+        folded = row.get("prof", {}).get(instance(path), {}).get(proc)
         cpu = per_unit(row, path, proc)
         if not folded or "error" in folded or cpu is None:
             return f"pass {row['pass']}: no {proc} profile of {path} ({(folded or {}).get('error', 'none')})"
@@ -169,14 +170,12 @@ def compare(row: dict[str, Any], proc: str = "engine", top: int = 20, key: str =
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("rows", type=Path, nargs="+")
+    ap.add_argument("rows", nargs="+")
     ap.add_argument("--top", type=int, default=20)
     ap.add_argument("--proc", choices=["engine", "api"], default="engine")
     ap.add_argument("--self", action="store_true", help="frames on top of the stack, not anywhere in it")
     a = ap.parse_args()
-    rows = []
-    for path in a.rows:
-        rows += json.loads(gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes())
+    rows = load(a.rows)
     for row in rows:
         if "prof" in row:
             print(compare(row, a.proc, a.top, "self" if a.self else "inclusive"), end="\n\n")
