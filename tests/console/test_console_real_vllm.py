@@ -5,6 +5,7 @@ Prints the figures docs/console.md quotes."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -42,12 +43,20 @@ def test_demo_fleet_renders_fast_and_the_playground_streams(browser: Any, demo: 
     wait_until(lambda: proc_state(w, "tiny-a") == "RUNNING" and proc_state(w, "tiny-b") == "RUNNING", 10,
                "both real instances shown RUNNING")
     page.click("nav button[data-tab='playground']")
+    # A random-weight model may end after one token whatever the temperature: it did at the page's
+    # 0.7 (CI, 2026-11-25) and greedily on CI's CPU (2026-11-27) while greedy ran 32 tokens here.
+    # So the page's request gets vLLM's ignore_eos on its way out, as every other real-vLLM stream
+    # test sends it; the browser still makes the request and reads the stream itself.
+    sent: list[dict[str, Any]] = []
+
+    def ignore_eos(route: Any) -> None:
+        sent.append({**route.request.post_data_json, "ignore_eos": True})
+        route.continue_(post_data=json.dumps(sent[-1]))
+
+    page.route("**/v1/chat/completions", ignore_eos)
     for model in ("tiny-a", "tiny-b"):
         page.select_option("#model", model)
         page.fill("#max_tokens", "32")
-        # Greedy: the seeded tiny model then answers the same every run. At the page's 0.7 it once
-        # sampled its end-of-text token second and answered in one chunk (CI, 2026-11-25).
-        page.fill("#temperature", "0")
         page.evaluate("() => { delete document.getElementById('reply').dataset.done; }")
         page.click("#send")
         page.wait_for_selector("#reply[data-done='1']", timeout=60_000)
@@ -55,6 +64,7 @@ def test_demo_fleet_renders_fast_and_the_playground_streams(browser: Any, demo: 
         assert page.locator("#reply").inner_text().strip() and "chunks" in stat
         chunks = int(stat.split(" chunks")[0])
         assert chunks > 1, f"{model} answered in {chunks} chunk(s): not a stream"
+    assert [(b["model"], b["stream"]) for b in sent] == [("tiny-a", True), ("tiny-b", True)]
     w.shot("playground-real-vllm")
     page.click("nav button[data-tab='overview']")
     wait_until(lambda: "/ 1" in page.locator("tr[data-model='tiny-b']").inner_text(), 5, "charts")
