@@ -36,8 +36,9 @@ import asyncio
 import weakref
 from typing import Any
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as _UvicornHttpTools
 from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
+
+from gateway.cycle import Cycle, CycleProtocol
 
 _HEAD = b"HTTP/1.1 "
 # The scope's key for the connection's BodyWrite factory: scope[BODY_WRITE](scope) is the chunk
@@ -127,7 +128,7 @@ class BodyWrite:
 
     __slots__ = ("_cycle",)
 
-    def __init__(self, cycle: RequestResponseCycle) -> None:
+    def __init__(self, cycle: Cycle | RequestResponseCycle) -> None:
         self._cycle = cycle
 
     def __call__(self, chunk: bytes) -> bool:
@@ -140,10 +141,10 @@ class BodyWrite:
         return True
 
 
-class HttpToolsProtocol(_UvicornHttpTools):
-    """uvicorn's httptools protocol, writing a head and its immediate body together, with one
-    keep-alive timer per connection instead of one per request, and a chunk write of its own for
-    streamed bodies."""
+class HttpToolsProtocol(CycleProtocol):
+    """uvicorn's httptools protocol with a lighter cycle (cycle.py), writing a head and its immediate
+    body together, with one keep-alive timer per connection instead of one per request, and a chunk
+    write of its own for streamed bodies."""
 
     _idle_since: float | None = None  # loop time the last response ended; None while a request is on
 
