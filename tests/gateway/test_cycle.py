@@ -17,35 +17,22 @@ from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 from uvicorn.server import ServerState
 
 from gateway.cycle import Cycle, CycleProtocol
+from tests.gateway.test_body_write import Recorder as BodyWriteRecorder
 
 App = Callable[[dict[str, Any], Any, Any], Awaitable[None]]
 DATE = [(b"date", b"Fri, 27 Nov 2026 00:00:00 GMT")]
 
 
-class Recorder:
+class Recorder(BodyWriteRecorder):
+    """test_body_write's transport, keeping each write apart."""
+
     def __init__(self) -> None:
+        super().__init__()
         self.writes: list[bytes] = []
-        self.closing = False
-        self.paused = 0
 
     def write(self, data: bytes) -> None:
         if data:  # uvicorn writes b"" for an empty chunk, which sends nothing
             self.writes.append(bytes(data))
-
-    def is_closing(self) -> bool:
-        return self.closing
-
-    def close(self) -> None:
-        self.closing = True
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return {"sockname": ("127.0.0.1", 8000), "peername": ("127.0.0.1", 50000)}.get(name, default)
-
-    def pause_reading(self) -> None:
-        self.paused += 1
-
-    def resume_reading(self) -> None:
-        pass
 
 
 class _Logged(logging.Handler):
