@@ -14,21 +14,20 @@ that does not change it:
 
 The bytes written, the ASGI messages, the errors raised and logged, keep-alive, pipelining,
 ``Expect: 100-continue``, flow control and disconnects are uvicorn's (0.54):
-tests/gateway/test_cycle.py runs the same requests through both and compares. Where uvicorn would do
-something this does not repeat (an access log, ``limit_concurrency``, an upgrade), the request goes
-through uvicorn's own cycle instead.
+tests/gateway/test_cycle.py runs the same requests through both and compares. Where uvicorn would
+do something this does not repeat (an access log, ``limit_concurrency``, a server header that
+``send`` acts on, an upgrade), the request goes through uvicorn's own cycle instead. The parser's
+callbacks after the head (body, message complete) and the task per request are uvicorn's.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextvars
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import unquote
 
 import httptools
-from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT
 from uvicorn.protocols.http.httptools_impl import HEADER_RE, HEADER_VALUE_RE, STATUS_LINE
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as _UvicornHttpTools
 
@@ -266,31 +265,7 @@ class CycleProtocol(_UvicornHttpTools):
         cycle = Cycle(self, scope, http_version != "1.0" and parser.should_keep_alive())
         self.cycle = cycle  # type: ignore[assignment]
         if existing is None or existing.response_complete:
-            self._start_asgi_task(cycle, self.app)
+            self._start_asgi_task(cycle, self.app)  # type: ignore[arg-type]
         else:  # pipelined: queued until the one before it is answered
             self.flow.pause_reading()
             self.pipeline.appendleft((cycle, self.app))  # type: ignore[arg-type]
-
-    def _start_asgi_task(self, cycle: Any, app: Any) -> None:
-        if self.config.reset_contextvars:
-            task = self.loop.create_task(cycle.run_asgi(app), context=contextvars.Context())
-        else:
-            task = self.loop.create_task(cycle.run_asgi(app))
-        task.add_done_callback(self.tasks.discard)
-        self.tasks.add(task)
-
-    def on_body(self, body: bytes) -> None:
-        cycle = self.cycle
-        if cycle.response_complete or (self.parser.should_upgrade() and self._should_upgrade()):
-            return
-        cycle.body += body
-        if len(cycle.body) > HIGH_WATER_LIMIT:
-            self.flow.pause_reading()
-        cycle.message_event.set()
-
-    def on_message_complete(self) -> None:
-        cycle = self.cycle
-        if cycle.response_complete or (self.parser.should_upgrade() and self._should_upgrade()):
-            return
-        cycle.more_body = False
-        cycle.message_event.set()
