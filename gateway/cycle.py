@@ -42,7 +42,7 @@ def _nothing() -> None:
 
 
 class _Signal:
-    """The part of ``asyncio.Event`` a cycle uses (set, clear, wait), with the future made only
+    """The part of ``asyncio.Event`` a cycle and its protocol use (set, clear, wait), with the future made only
     when someone waits while it is clear."""
 
     __slots__ = ("_is_set", "_loop", "_waiter")
@@ -62,9 +62,6 @@ class _Signal:
 
     def clear(self) -> None:
         self._is_set = False
-
-    def is_set(self) -> bool:
-        return self._is_set
 
     async def wait(self) -> None:
         if self._is_set:
@@ -107,8 +104,7 @@ class Cycle:
         except BaseException as exc:
             self.logger.error("Exception in ASGI application\n", exc_info=exc)
             if not self.response_started:
-                await self.send({"type": "http.response.start", "status": 500, "headers": _500})
-                await self.send({"type": "http.response.body", "body": b"Internal Server Error", "more_body": False})
+                await self._send_500()
             else:
                 self.transport.close()
         else:
@@ -117,13 +113,16 @@ class Cycle:
                 self.transport.close()
             elif not self.response_started and not self.disconnected:
                 self.logger.error("ASGI callable returned without starting response.")
-                await self.send({"type": "http.response.start", "status": 500, "headers": _500})
-                await self.send({"type": "http.response.body", "body": b"Internal Server Error", "more_body": False})
+                await self._send_500()
             elif not self.response_complete and not self.disconnected:
                 self.logger.error("ASGI callable returned without completing response.")
                 self.transport.close()
         finally:
             self.on_response = _nothing
+
+    async def _send_500(self) -> None:
+        await self.send({"type": "http.response.start", "status": 500, "headers": _500})
+        await self.send({"type": "http.response.body", "body": b"Internal Server Error", "more_body": False})
 
     async def send(self, message: Any) -> None:
         if self.flow.write_paused and not self.disconnected:

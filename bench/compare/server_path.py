@@ -27,6 +27,7 @@ from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as UvicornProtocol
 from uvicorn.server import ServerState
 
+from gateway.app import YOUNG_GC_THRESHOLD
 from gateway.coalesce import HttpToolsProtocol as GatewayProtocol
 
 BODY = b'{"model":"m","messages":[{"role":"user","content":"Say hello."}],"max_tokens":16,"stream":false}'
@@ -98,7 +99,7 @@ async def main(requests: int, rounds: int) -> dict[str, list[float]]:
     for p in protocols.values():  # warm-up
         await asyncio.gather(*(_connection(p, config, state, 100) for _ in range(CONC)))
     gc.freeze()
-    gc.set_threshold(10_000)  # as the gateway serves (app.py, YOUNG_GC_THRESHOLD)
+    gc.set_threshold(YOUNG_GC_THRESHOLD)  # as the gateway serves
     out: dict[str, list[float]] = {k: [] for k in protocols}
     for _ in range(rounds):
         for name, p in protocols.items():

@@ -49,11 +49,10 @@ class _Logged(logging.Handler):
 Step = bytes | str  # bytes: fed to data_received; "lost": the connection drops; "turns": loop turns
 
 
-async def _run(protocol: type[UvicornProtocol], make_app: Callable[[list[Any]], App], steps: list[Step],
-               **config: Any) -> dict[str, Any]:
-    seen: list[Any] = []
-    cfg = Config(make_app(seen), lifespan="off", access_log=False, log_level="warning", proxy_headers=False,
-                 **config)
+def _connected(protocol: type[UvicornProtocol], app: App,
+               **config: Any) -> tuple[UvicornProtocol, Recorder, ServerState]:
+    """``protocol`` serving ``app`` on a connection whose writes ``Recorder`` keeps."""
+    cfg = Config(app, lifespan="off", proxy_headers=False, **{"access_log": False, "log_level": "warning", **config})
     cfg.load()
     state = ServerState()
     state.default_headers = DATE + cfg.encoded_headers  # as uvicorn's server sets them
@@ -61,6 +60,13 @@ async def _run(protocol: type[UvicornProtocol], make_app: Callable[[list[Any]], 
     rec = Recorder()
     t: Any = rec
     proto.connection_made(t)
+    return proto, rec, state
+
+
+async def _run(protocol: type[UvicornProtocol], make_app: Callable[[list[Any]], App], steps: list[Step],
+               **config: Any) -> dict[str, Any]:
+    seen: list[Any] = []
+    proto, rec, state = _connected(protocol, make_app(seen), **config)
     logged = _Logged()
     logging.getLogger("uvicorn.error").addHandler(logged)
     pending = []  # tasks the server's shutdown waits for, after each step
@@ -187,14 +193,7 @@ async def test_the_servers_own_headers_and_a_new_date() -> None:
     out = await _both(answering(headers=LENGTH), [_req()], headers=[("X-Node", "a")], server_header=True)
     assert b"server: uvicorn\r\n" in out["writes"][0] and b"x-node: a\r\n" in out["writes"][0]
 
-    rec = Recorder()
-    cfg = Config(answering(headers=LENGTH)([]), lifespan="off", access_log=False, proxy_headers=False)
-    cfg.load()
-    state = ServerState()
-    state.default_headers = DATE
-    proto = CycleProtocol(config=cfg, server_state=state, app_state={}, _loop=asyncio.get_running_loop())
-    t: Any = rec
-    proto.connection_made(t)
+    proto, rec, state = _connected(CycleProtocol, answering(headers=LENGTH)([]))
     proto.data_received(_req())
     await asyncio.sleep(0.01)
     state.default_headers = [(b"date", b"Fri, 27 Nov 2026 00:00:01 GMT")]  # uvicorn's next second
@@ -208,16 +207,9 @@ async def test_the_servers_own_headers_and_a_new_date() -> None:
                                     {"headers": [("Connection", "close")]}])
 async def test_uvicorns_cycle_where_it_does_more(config: dict[str, Any]) -> None:
     """An access log, a concurrency limit or a server header that send acts on: uvicorn's cycle."""
-    cfg = Config(answering()([]), lifespan="off", proxy_headers=False, **{"access_log": False, **config})
-    cfg.load()
-    proto = CycleProtocol(config=cfg, server_state=ServerState(), app_state={}, _loop=asyncio.get_running_loop())
-    t: Any = Recorder()
-    proto.connection_made(t)
+    proto = _connected(CycleProtocol, answering()([]), **config)[0]
     proto.data_received(_req())
     assert type(proto.cycle) is RequestResponseCycle
-    plain = Config(answering()([]), lifespan="off", access_log=False, proxy_headers=False)
-    plain.load()
-    proto = CycleProtocol(config=plain, server_state=ServerState(), app_state={}, _loop=asyncio.get_running_loop())
-    proto.connection_made(t)
+    proto = _connected(CycleProtocol, answering()([]))[0]
     proto.data_received(_req())
     assert type(proto.cycle) is Cycle
