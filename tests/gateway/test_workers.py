@@ -114,7 +114,11 @@ def test_two_workers_serve_and_count_together(tmp_mod: Path, fake: FakeVllm) -> 
             if all(by_pid.get(p, 0) > 0 for p in pids):
                 break
         assert all(by_pid.get(p, 0) > 0 for p in pids), by_pid
-        # A scrape of whichever worker answers shows the whole gateway.
+        # A scrape of whichever worker answers shows the whole gateway. A worker hands its counts to
+        # the shared files at the end of the loop turn that wrote the answer (tally.py), so a client
+        # can scrape another worker first (seen once, on a loaded 2-core machine): wait for the
+        # count, then every scrape must agree.
+        assert wait_until(lambda: total_requests(gw) == sent, 10), total_requests(gw)
         for _ in range(4):
             assert total_requests(gw) == sent
         m = scrape(gw)
@@ -134,7 +138,7 @@ def test_two_workers_serve_and_count_together(tmp_mod: Path, fake: FakeVllm) -> 
         assert wait_until(lambda: scrape(gw)["fleet_gateway_workers{}"] == 2, 20)
         new = [p for p in workers_of(gw.pid) if p not in pids]
         assert wait_until(lambda: all(healthy_in(directory, p) for p in new), 15)
-        assert total_requests(gw) == sent
+        assert wait_until(lambda: total_requests(gw) == sent, 10), total_requests(gw)
 
         # SIGTERM to the gateway alone (not its group) stops every worker and removes the directory.
         os.kill(gw.pid, signal.SIGTERM)
