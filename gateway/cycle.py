@@ -9,7 +9,8 @@ that does not change it:
   which a request whose body came with its head never does;
 - the server's default headers (``date``) joined once per change (uvicorn makes a new list every
   second), not re-listed and re-checked for every response;
-- a body chunk framed and written in one step; a cycle with ``__slots__``, positional arguments;
+- a body chunk framed and written in one step, its size line looked up, not formatted; a cycle
+  with ``__slots__``, positional arguments;
 - the scope made in one literal, the URL split with fewer lookups.
 
 The bytes written, the ASGI messages, the errors raised and logged, keep-alive, pipelining,
@@ -35,6 +36,16 @@ _parse_url = httptools.parse_url
 _find_name = HEADER_RE.search
 _find_value = HEADER_VALUE_RE.search
 _500 = [(b"content-type", b"text/plain; charset=utf-8"), (b"content-length", b"21"), (b"connection", b"close")]
+# A chunk's size line for sizes below 4 KiB (a vLLM event is a few hundred bytes): concatenating a
+# looked-up line costs about a third of formatting it (``b"%x\r\n%s\r\n" %``) per chunk.
+SIZED_BELOW = 4096
+SIZE_LINES = tuple(b"%x\r\n" % n for n in range(SIZED_BELOW))
+
+
+def chunk_frame(body: bytes) -> bytes:
+    """``body`` framed as one chunk of a chunked body (not empty: that frame ends the body)."""
+    n = len(body)
+    return (SIZE_LINES[n] if n < SIZED_BELOW else b"%x\r\n" % n) + body + b"\r\n"
 
 
 def _nothing() -> None:
@@ -176,9 +187,9 @@ class Cycle:
         elif self.chunked_encoding:
             if more_body:
                 if body:
-                    self.transport.write(b"%x\r\n%s\r\n" % (len(body), body))
+                    self.transport.write(chunk_frame(body))
             else:
-                self.transport.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body) if body else b"0\r\n\r\n")
+                self.transport.write(chunk_frame(body) + b"0\r\n\r\n" if body else b"0\r\n\r\n")
         else:
             if len(body) > self.expected_content_length:
                 raise RuntimeError("Response content longer than Content-Length")
