@@ -93,6 +93,27 @@ async def test_the_same_bytes_as_send_for_a_whole_stream() -> None:
     assert by_write.data.endswith(b"e\r\ndata: [DONE]\n\n\r\n0\r\n\r\n")
 
 
+@pytest.mark.parametrize("use_write", [False, True])
+async def test_every_chunk_size_framed_as_http_says(use_write: bool) -> None:
+    """Sizes on both sides of the size-line table's end (cycle.SIZE_LINES) and with hex letters,
+    through the chunk write and through ``send``, against frames made here by the spec."""
+    sizes = [1, 10, 255, 4095, 4096, 4097, 70000]
+    chunks = [bytes([65 + i]) * n for i, n in enumerate(sizes)]
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await receive()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        write = scope[BODY_WRITE](scope)
+        for c in chunks[:-1]:
+            if not (use_write and write(c)):
+                await send({"type": "http.response.body", "body": c, "more_body": True})
+        await send({"type": "http.response.body", "body": chunks[-1], "more_body": False})
+
+    _, rec = await _serve(app, _request())
+    body = bytes(rec.data).split(b"\r\n\r\n", 1)[1]
+    assert body == b"".join(format(len(c), "x").encode() + b"\r\n" + c + b"\r\n" for c in chunks) + b"0\r\n\r\n"
+
+
 @pytest.mark.parametrize("method", [b"POST", b"HEAD"])
 async def test_declines_where_send_would_not_frame_a_chunk(method: bytes) -> None:
     """Before the head, for a HEAD response (no body, no chunks), and for a sized body."""
