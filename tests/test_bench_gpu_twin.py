@@ -403,3 +403,44 @@ def test_the_steps_table_sets_each_side_s_engine_beside_the_other() -> None:
     out = stats.report([gb])
     assert "| 0 | gb | gateway:b | 36.0 | 200.0 | 27.5 | 1.0 | 0.95 |" in out
     assert "Engine steps a second, gateway ÷ direct, each pass: 0.900 (median 0.900)." in out
+
+
+def test_modes_sort_passes_by_which_side_was_slow_and_test_the_lean() -> None:
+    modes = _load("twin_modes")
+
+    def ttft_pass(kind: str, gateway_ms: float, direct_ms: float) -> dict[str, Any]:
+        path = {"gb": ("gateway:b", "direct:a"), "ga": ("gateway:a", "direct:b")}[kind]
+        return {"conc": 512, "kind": kind, "queued": 0,
+                "sides": {path[0]: _side(1000, gateway_ms), path[1]: _side(1000, direct_ms)}}
+
+    rows = [ttft_pass("gb", 1000, 1000), ttft_pass("ga", 3000, 1000), ttft_pass("gb", 3300, 1100),
+            ttft_pass("ga", 900, 2700), ttft_pass("gb", 3000, 3000),
+            {"conc": 512, "kind": "aa", "queued": 0, "sides": {"direct:a": _side(1, 9000), "direct:b": _side(1, 100)}}]
+    table = "\n".join(modes.modes_table(rows, 2400))
+    assert "| neither | 1 | 1.000 (1.000–1.000) |" in table
+    assert "| both | 1 | 1.000 (1.000–1.000) |" in table
+    assert "| the gateway's only | 2 | 3.000 (3.000–3.000) |" in table
+    assert "| the direct side's only | 1 | 0.333 (0.333–0.333) |" in table  # the aa pass is no gateway pass
+    assert "Sign test on the 3 passes with one side slow: p = 1.00." in table
+    # exact two-sided binomial: 5 of 6 one way is 2 × 7/64; none of 10 is 2/1024
+    assert modes.sign_test(5, 6) == pytest.approx(14 / 64)
+    assert modes.sign_test(1, 6) == pytest.approx(14 / 64)
+    assert modes.sign_test(0, 10) == pytest.approx(2 / 1024)
+    assert modes.sign_test(3, 6) == 1.0
+
+
+def test_the_defaults_write_up_matches_its_rows(capsys: pytest.CaptureFixture[str]) -> None:
+    """twin-defaults-h200x2's README quotes twin_stats.py over its first run and over all three."""
+    first = _report(capsys, "twin-defaults-h200x2/rows.json.gz")
+    assert "| tokens/s | 0.967 (0.929–1.040), 2 of 5 |" in first
+    assert "| tokens/s | 1.032 (0.976–1.110), 2 of 4 |" in first
+    d = "twin-defaults-h200x2/"
+    _load("twin_stats").main(["--slow-ttft-ms", "2400", *(str(RESULTS / d / f) for f in (
+        "rows.json.gz", "rows-512-more-1.json.gz", "rows-512-more-2.json.gz"))])
+    every = capsys.readouterr().out
+    assert "| tokens/s | 1.002 (0.942–1.019), 6 of 12 |" in every
+    assert "| TTFT p50 | 1.200 (0.969–1.589), 8 of 12 |" in every
+    assert "| neither | 16 | 1.022 (0.788–1.409) |" in every
+    assert "| the gateway's only | 5 | 2.935 (2.326–3.673) |" in every
+    assert "| the direct side's only | 1 | 0.446 (0.446–0.446) |" in every
+    assert "Sign test on the 6 passes with one side slow: p = 0.22." in every

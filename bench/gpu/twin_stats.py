@@ -18,10 +18,15 @@ flight:
   1/√T (× √T constant) is noise a longer window averages out; then a whole window's ratio should
   spread by the last T's figure × √(T / window). Swap pairs that spread more than that, pass to
   pass, have a part that belongs to the pass, which only more passes average out.
+
+With ``--slow-ttft-ms MS``, also each pass sorted by which side's TTFT p50 was above MS (twin_modes.py):
+
+    python3 bench/gpu/twin_stats.py [--slow-ttft-ms 2400] W/rows.json [more ...]
 """
 
 from __future__ import annotations
 
+import argparse
 import gzip
 import itertools
 import json
@@ -35,6 +40,7 @@ from typing import Any
 
 from in_pass import in_window, instance
 from pair_stats import _boot_pairs, _log_sd, _needed
+from twin_modes import modes_table
 
 KEYS = (("output_throughput", "tokens/s"), ("median_ttft_ms", "TTFT p50"), ("p99_ttft_ms", "TTFT p99"),
         ("mean_ttft_ms", "TTFT mean"), ("median_head_ms", "response head p50"),
@@ -345,7 +351,7 @@ def _heading(conc: int, family: str, group: list[dict[str, Any]]) -> list[str]:
             "| swap pairs for ±1 % / ±5 % |"]
 
 
-def report(rows: list[dict[str, Any]]) -> str:
+def report(rows: list[dict[str, Any]], slow_ms: float | None = None) -> str:
     lines = []
     rng = random.Random(21)
     # passes with the engines apart (twin_pairs.py's gbp, gap) pair and report among themselves
@@ -379,6 +385,8 @@ def report(rows: list[dict[str, Any]]) -> str:
                          f"its window: {min(client):.2f}–{max(client):.2f}.")
         lines += (_waves_line(group) + _engine_table(group) + _steps_table(group) + _host_table(group)
                   + _clock_table(group) + _sub_table(group))
+        if slow_ms is not None and family == "gateway":
+            lines += modes_table(group, slow_ms)
     return "\n".join(lines)
 
 
@@ -389,8 +397,12 @@ def load(paths: list[str]) -> list[dict[str, Any]]:
             for r in json.loads(gzip.decompress(Path(p).read_bytes()) if p.endswith(".gz") else Path(p).read_text())]
 
 
-def main(paths: list[str]) -> None:
-    print(report(load(paths)))
+def main(argv: list[str]) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("rows", nargs="+")
+    ap.add_argument("--slow-ttft-ms", type=float, help="also sort passes by which side's TTFT p50 was above this")
+    a = ap.parse_args(argv)
+    print(report(load(a.rows), a.slow_ttft_ms))
 
 
 if __name__ == "__main__":
