@@ -4,7 +4,12 @@ Same placement as run.py (gateway on CPU 0; upstream, load generator and py-spy 
 Writes bench/results/profile-<phase>.txt (collapsed stacks) and prints the top frames by self
 time and by inclusive time. py-spy comes from PyPI into bench/results/venvs/py-spy.
 
-    .venv/bin/python bench/compare/profile_gateway.py [--phase paced|conc|burst] [--seconds 8]
+``--perf`` samples with Linux perf instead (needs perf and root) and prints the gateway's CPU by
+shared object: the kernel, CPython itself, uvloop, httptools. py-spy cannot split those (a sample
+in the C loop or in a C call lands on the Python frame that made it); perf cannot name Python
+functions. Together they say whether the cost is in the kernel or in the interpreter.
+
+    .venv/bin/python bench/compare/profile_gateway.py [--phase paced|conc|burst] [--seconds 8] [--perf]
 """
 
 from __future__ import annotations
@@ -47,12 +52,37 @@ def top(collapsed: Path, n: int = 25) -> str:
     return "\n".join(out)
 
 
+def by_object(phase: str, seconds: float) -> None:
+    """``perf record`` on the gateway under ``phase``'s load; its samples by shared object."""
+    out = ROOT / "bench" / "results"
+    work = out / "compare-work"
+    work.mkdir(parents=True, exist_ok=True)
+    data = out / f"perf-{phase}.data"
+    with upstream_and_gateway(work, 20.0) as (gw, url, _):
+        _run(loadgen.streams(url, "m", 256, 4, 1, 0.0, 30))  # open connections before sampling
+        perf = subprocess.Popen(["perf", "record", "-F", "2000", "-p", str(gw.pid), "-o", str(data), "--",
+                                 "sleep", str(int(seconds))], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        u0, s0 = gw.cpu_split()
+        res = load(url, phase, seconds, 20.0)
+        u1, s1 = gw.cpu_split()
+        perf.wait(60)
+    n = max(res.events or res.done, 1)
+    print(f"{phase}: {n} {'events' if res.events else 'requests'}, gateway user {(u1 - u0) / n * 1e6:.1f} µs, "
+          f"system {(s1 - s0) / n * 1e6:.1f} µs each (perf attached)")
+    report = subprocess.run(["perf", "report", "-i", str(data), "--sort", "dso", "--stdio", "-q"],
+                            capture_output=True, text=True, check=True).stdout
+    print("\n".join(line.rstrip() for line in report.splitlines() if line.strip())[:2000])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--phase", choices=("paced", "conc", "burst"), default="paced")
     ap.add_argument("--seconds", type=float, default=8.0)
     ap.add_argument("--native", action="store_true", help="include C frames (slower sampling)")
+    ap.add_argument("--perf", action="store_true", help="perf's split by shared object instead of py-spy")
     a = ap.parse_args()
+    if a.perf:
+        return by_object(a.phase, a.seconds)
     out = ROOT / "bench" / "results"
     work = out / "compare-work"
     work.mkdir(parents=True, exist_ok=True)
