@@ -8,12 +8,15 @@ and the per-pass difference between the trees is what to read.
 
     .venv/bin/python bench/compare/ab.py BASE_TREE NEW_TREE [--passes 8] [--requests 20000] [--floor]
     .venv/bin/python bench/compare/ab.py BASE_TREE NEW_TREE --paced [--router]   # CPU per streamed event
+    .venv/bin/python bench/compare/ab.py . . --paced --router --new-python /tmp/py3.13/bin/python  # interpreters
 
 Each tree is a checkout (``git worktree add``) with its own ``gateway/``; the gateway starts there
 as run.py starts it (targets.gateway's config), the floor as floor.py's, with that tree's protocol.
 ``--paced`` measures run.py's paced phase instead (256 streams of 100 events 20 ms apart, 3 rounds
 each, after a warm-up): CPU µs per relayed event. ``--router`` adds vllm-router in front of the
 same upstream, the per-event baseline, and prints each tree's ratio to it pass by pass.
+``--base-python``/``--new-python`` run that side's gateway under another interpreter (a virtual
+environment with the gateway's dependencies), to compare Python versions on one tree.
 """
 
 from __future__ import annotations
@@ -51,17 +54,21 @@ def main() -> None:
     ap.add_argument("--floor", action="store_true", help="also each tree's uvicorn floor (floor.py's app)")
     ap.add_argument("--paced", action="store_true", help="CPU per event of paced streams, not per request")
     ap.add_argument("--router", action="store_true", help="also vllm-router, and each tree's ratio to it")
+    ap.add_argument("--base-python", help="the interpreter for the base side's gateway (default: this one)")
+    ap.add_argument("--new-python", help="the interpreter for the new side's gateway (default: this one)")
     a = ap.parse_args()
     work, upstream, up_url = side_upstream()
     kinds = ("gateway", "floor") if a.floor else ("gateway",)
 
-    def start(kind: str, tree: Path) -> Callable[[], tuple[Proc, str]]:
+    def start(kind: str, tree: Path, python: str | None) -> Callable[[], tuple[Proc, str]]:
         if kind == "gateway":
-            return lambda: gateway(work, up_url, PROXY_CPU, work, cwd=tree)[:2]
+            launcher = (python, "-m", "gateway") if python else ()
+            return lambda: gateway(work, up_url, PROXY_CPU, work, cwd=tree, launcher=launcher)[:2]
         return lambda: start_floor(work, tree=tree)
 
-    starts = {f"{kind} {name}": start(kind, tree) for kind in kinds
-              for name, tree in (("base", a.base.resolve()), ("new", a.new.resolve()))}
+    starts = {f"{kind} {name}": start(kind, tree, python) for kind in kinds
+              for name, tree, python in (("base", a.base.resolve(), a.base_python),
+                                         ("new", a.new.resolve(), a.new_python))}
     if a.router:
         starts["vllm-router"] = lambda: vllm_router(work, up_url, PROXY_CPU, ROOT / "bench" / "results" / "venvs")[:2]
     try:
