@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import collections
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import loadgen
@@ -52,23 +53,37 @@ def top(collapsed: Path, n: int = 25) -> str:
     return "\n".join(out)
 
 
-def by_object(phase: str, seconds: float) -> None:
-    """``perf record`` on the gateway under ``phase``'s load; its samples by shared object."""
-    out = ROOT / "bench" / "results"
-    work = out / "compare-work"
+OUT = ROOT / "bench" / "results"
+
+
+Sampled = tuple[loadgen.Result, float, float, subprocess.Popen[str], str]
+
+
+def sampled(phase: str, seconds: float, sampler: Callable[[int], subprocess.Popen[str]]) -> Sampled:
+    """``phase``'s load on the gateway with ``sampler(pid)`` started on it after the warm-up: the
+    load's result, the gateway's user and system seconds over it, the sampler once it has ended
+    (before the gateway stops) and what it wrote to a piped stderr."""
+    work = OUT / "compare-work"
     work.mkdir(parents=True, exist_ok=True)
-    data = out / f"perf-{phase}.data"
     with upstream_and_gateway(work, 20.0) as (gw, url, _):
         _run(loadgen.streams(url, "m", 256, 4, 1, 0.0, 30))  # open connections before sampling
-        perf = subprocess.Popen(["perf", "record", "-F", "2000", "-p", str(gw.pid), "-o", str(data), "--",
-                                 "sleep", str(int(seconds))], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = sampler(gw.pid)
         u0, s0 = gw.cpu_split()
         res = load(url, phase, seconds, 20.0)
         u1, s1 = gw.cpu_split()
-        perf.wait(60)
+        _, err = proc.communicate(timeout=120)
+    return res, u1 - u0, s1 - s0, proc, err or ""
+
+
+def by_object(phase: str, seconds: float) -> None:
+    """``perf record`` on the gateway under ``phase``'s load; its samples by shared object."""
+    data = OUT / f"perf-{phase}.data"
+    res, user, system, _, _ = sampled(phase, seconds, lambda pid: subprocess.Popen(
+        ["perf", "record", "-F", "2000", "-p", str(pid), "-o", str(data), "--", "sleep", str(int(seconds))],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True))
     n = max(res.events or res.done, 1)
-    print(f"{phase}: {n} {'events' if res.events else 'requests'}, gateway user {(u1 - u0) / n * 1e6:.1f} µs, "
-          f"system {(s1 - s0) / n * 1e6:.1f} µs each (perf attached)")
+    print(f"{phase}: {n} {'events' if res.events else 'requests'}, gateway user {user / n * 1e6:.1f} µs, "
+          f"system {system / n * 1e6:.1f} µs each (perf attached)")
     report = subprocess.run(["perf", "report", "-i", str(data), "--sort", "dso", "--stdio", "-q"],
                             capture_output=True, text=True, check=True).stdout
     print("\n".join(line.rstrip() for line in report.splitlines() if line.strip())[:2000])
@@ -83,27 +98,19 @@ def main() -> None:
     a = ap.parse_args()
     if a.perf:
         return by_object(a.phase, a.seconds)
-    out = ROOT / "bench" / "results"
-    work = out / "compare-work"
-    work.mkdir(parents=True, exist_ok=True)
-    spy = ensure_venv(out / "venvs", "py-spy", "py-spy", "py-spy")
-    with upstream_and_gateway(work, 20.0) as (gw, url, _):
-        _run(loadgen.streams(url, "m", 256, 4, 1, 0.0, 30))  # open connections before sampling
-        collapsed = out / f"profile-{a.phase}.txt"
-        argv = [str(spy), "record", "-p", str(gw.pid), "-d", str(int(a.seconds)), "-r", "200", "-f", "raw",
-                "-o", str(collapsed)] + (["--native"] if a.native else ["--nonblocking"])
-        collapsed.unlink(missing_ok=True)
-        spy_proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        c0 = gw.cpu_s()
-        res = load(url, a.phase, a.seconds, 20.0)
-        c1 = gw.cpu_s()
-        _, err = spy_proc.communicate(timeout=120)
-        if not collapsed.exists():
-            raise SystemExit(f"py-spy failed ({spy_proc.returncode}): {err.strip()[-500:]}")
-        n = res.events or res.done
-        print(f"{a.phase}: {n} {'events' if res.events else 'requests'}, gateway CPU {c1 - c0:.2f} s "
-              f"= {(c1 - c0) / max(n, 1) * 1e6:.1f} µs each (py-spy attached, so a little higher than run.py)")
-        print(top(collapsed))
+    spy = ensure_venv(OUT / "venvs", "py-spy", "py-spy", "py-spy")
+    collapsed = OUT / f"profile-{a.phase}.txt"
+    argv = [str(spy), "record", "-d", str(int(a.seconds)), "-r", "200", "-f", "raw",
+            "-o", str(collapsed)] + (["--native"] if a.native else ["--nonblocking"])
+    collapsed.unlink(missing_ok=True)
+    res, user, system, spy_proc, err = sampled(a.phase, a.seconds, lambda pid: subprocess.Popen(
+        [*argv, "-p", str(pid)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
+    if not collapsed.exists():
+        raise SystemExit(f"py-spy failed ({spy_proc.returncode}): {err.strip()[-500:]}")
+    n = res.events or res.done
+    print(f"{a.phase}: {n} {'events' if res.events else 'requests'}, gateway CPU {user + system:.2f} s "
+          f"= {(user + system) / max(n, 1) * 1e6:.1f} µs each (py-spy attached, so a little higher than run.py)")
+    print(top(collapsed))
 
 
 if __name__ == "__main__":
