@@ -444,3 +444,35 @@ def test_the_defaults_write_up_matches_its_rows(capsys: pytest.CaptureFixture[st
     assert "| the gateway's only | 5 | 2.935 (2.326–3.673) |" in every
     assert "| the direct side's only | 1 | 0.446 (0.446–0.446) |" in every
     assert "Sign test on the 6 passes with one side slow: p = 0.22." in every
+
+
+def test_rank_sum_p_is_the_exact_two_sided_mann_whitney() -> None:
+    versus = _load("twin_versus")
+    # 3 against 3 wholly apart: 1 ordering in C(6, 3) = 20 each way
+    assert versus.rank_sum_p([4.0, 5.0, 6.0], [1.0, 2.0, 3.0]) == pytest.approx(2 / 20)
+    assert versus.rank_sum_p([1.0, 2.0, 3.0], [4.0, 5.0, 6.0]) == pytest.approx(2 / 20)
+    # 2 against 2, one swap from apart (U = 3 of 4): P(U >= 3) = 2 of C(4, 2) = 6
+    assert versus.rank_sum_p([2.0, 4.0], [1.0, 3.0]) == pytest.approx(2 * 2 / 6)
+    assert versus.rank_sum_p([1.0, 2.0], [1.0, 2.0]) == 1.0  # U in the middle, ties half
+    assert sum(versus._ways(5, 4, u) for u in range(21)) == math.comb(9, 4)
+
+
+def test_the_pool512_write_up_matches_its_rows(capsys: pytest.CaptureFixture[str]) -> None:
+    """twin-pool512-h200x2's README quotes twin_stats.py over its rows and twin_versus.py against
+    twin-defaults-h200x2's 512 passes."""
+    _load("twin_stats").main(["--slow-ttft-ms", "2400", str(RESULTS / "twin-pool512-h200x2/rows.json.gz")])
+    out = capsys.readouterr().out
+    assert "| tokens/s | 0.987 (0.952–1.023), 3 of 11 |" in out
+    assert "| TTFT p50 | 0.923 (0.712–1.013), 4 of 11 |" in out
+    assert "| neither | 18 | 0.932 (0.377–1.663) |" in out
+    assert "| the gateway's only | 2 | 2.500 (2.262–2.737) |" in out
+    assert "| the direct side's only | 0 | — |" in out
+    assert "(median -5)" in out
+    d = RESULTS / "twin-defaults-h200x2"
+    _load("twin_versus").main(["--conc", "512", "--a", *(str(d / f) for f in (
+        "rows.json.gz", "rows-512-more-1.json.gz", "rows-512-more-2.json.gz")),
+        "--b", str(RESULTS / "twin-pool512-h200x2/rows.json.gz")])
+    out = capsys.readouterr().out
+    assert "| tokens/s | 1.002 (0.864–1.042), 6 of 12 | 0.987 (0.840–1.065), 3 of 11 | 0.93 |" in out
+    assert "| TTFT p50 | 1.200 (0.723–1.867), 8 of 12 | 0.923 (0.379–1.669), 4 of 11 | 0.07 |" in out
+    assert "| TTFT mean | 1.193 (0.698–1.705), 9 of 12 | 0.993 (0.423–1.610), 5 of 11 | 0.10 |" in out

@@ -102,6 +102,7 @@ def start(model_dir: str, w: Path, vllm_args: list[str] | None = None) -> dict[s
     took = wait(lambda: fleet_healthy(["a", "b"]) and len(instances()) == 3, 420, "instances a and b in rotation")
     return {"up_to_ready_s": round(took, 1), "fleet": httpx.get(GW + "/fleet", timeout=5).json(),
             "vllm_args": fleet["instances"][0]["vllm_args"],
+            "gateway_env": {k: v for k, v in os.environ.items() if k.startswith("FLEET_")},
             "cpus": placed(w), "client_cpus": client}
 
 

@@ -1,0 +1,73 @@
+"""Two settings' twin runs side by side: each measure's swap pairs under one and under the other.
+
+A swap pair's ratio (gateway ÷ direct, twin_stats.py) already cancels the GPU and the minute it
+ran in; comparing two settings of the gateway (say its warm pool at vLLM's ``--max-num-seqs``
+against 512) then compares two samples of those ratios, taken on different machines. With a
+dozen pairs each and ratios that spread by a third, a difference of medians says little alone:
+this prints the exact two-sided rank-sum (Mann-Whitney) p beside it.
+
+    python3 bench/gpu/twin_versus.py --conc 512 --a ROWS... --b ROWS...
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from functools import cache
+
+from twin_stats import load, swap_pairs
+
+MEASURES = (("tokens/s", "output_throughput"), ("TTFT p50", "median_ttft_ms"), ("TTFT p99", "p99_ttft_ms"),
+            ("TTFT mean", "mean_ttft_ms"), ("request's life mean", "mean_life_ms"))
+
+
+@cache
+def _ways(m: int, n: int, u: int) -> int:
+    """Orderings of ``m`` values of one sample among ``n`` of the other with exactly ``u`` pairs
+    in which the first sample's value is the larger (no ties)."""
+    if u < 0:
+        return 0
+    if m == 0 or n == 0:
+        return 1 if u == 0 else 0
+    # the largest value of all is either the first sample's (above all n of the other) or not
+    return _ways(m - 1, n, u - n) + _ways(m, n - 1, u)
+
+
+def rank_sum_p(xs: list[float], ys: list[float]) -> float:
+    """Exact two-sided Mann-Whitney p of ``xs`` against ``ys`` (ties count half, with the
+    untied distribution: fine for ratios measured to many digits)."""
+    m, n = len(xs), len(ys)
+    u = sum(1.0 if x > y else 0.5 if x == y else 0.0 for x in xs for y in ys)
+    total = sum(_ways(m, n, k) for k in range(m * n + 1))
+    low = sum(_ways(m, n, k) for k in range(m * n + 1) if k <= u) / total
+    high = sum(_ways(m, n, k) for k in range(m * n + 1) if k >= u) / total
+    return min(1.0, 2 * min(low, high))
+
+
+def versus(a_paths: list[str], b_paths: list[str], conc: int) -> str:
+    """The table: each measure's median of swap pairs under each setting and the rank-sum p."""
+    a_rows, b_rows = ([r for r in load(p) if r["conc"] == conc] for p in (a_paths, b_paths))
+    lines = [f"Swap pairs at {conc} streams, gateway ÷ direct: median (lowest–highest), how many above 1\n",
+             "| measure | A | B | rank-sum p, A against B |", "|---|---|---|---|"]
+    for name, key in MEASURES:
+        a, b = swap_pairs(a_rows, key), swap_pairs(b_rows, key)
+        if not a or not b:
+            continue
+        cells = [f"{statistics.median(xs):.3f} ({min(xs):.3f}–{max(xs):.3f}), {sum(x > 1 for x in xs)} of {len(xs)}"
+                 for xs in (a, b)]
+        lines.append(f"| {name} | {cells[0]} | {cells[1]} | {rank_sum_p(a, b):.2f} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--conc", type=int, required=True)
+    ap.add_argument("--a", nargs="+", required=True, help="one setting's rows files (swap pairs never span two)")
+    ap.add_argument("--b", nargs="+", required=True, help="the other setting's")
+    a = ap.parse_args(argv)
+    print(versus(a.a, a.b, a.conc))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
