@@ -21,7 +21,12 @@ use (window_client.py, one process each), measured over the same seconds:
   loop alone on a CPU of its own, every other thread of both instances on the rest of `up`'s
   CPUs (pin.engines_apart); any other pass puts them back where `up` had them. At 256 streams
   the 2.8 B model's gateway side stepped slower with both engine cores CPU-bound
-  (results/twin-2b8-h200x2): whether where the scheduler ran them was the cause.
+  (results/twin-2b8-h200x2): whether where the scheduler ran them was the cause;
+- ``gbi`` / ``gai`` (a trailing ``i``, with or beside the ``p``): each direct side's client also
+  holds ``--direct-idle`` connections to its instance, used once and left idle
+  (window_client.py's ``--idle``), so that vLLM sees as many connections on it as the gateway's
+  warm pool adds on the other side (its ``--max-num-seqs``, 1,024 under vLLM's defaults on an
+  H200, against 512 streams: results/twin-pool512-h200x2).
 
 Whatever the host does during a pass (its other tenants, clocks, the other instance), both sides
 see. A difference between the two GPUs cancels between a ``gb`` and the ``ga`` next to it
@@ -69,9 +74,13 @@ _QUEUED = re.compile(r"^fleet_queue_wait_seconds_count\{[^}]*\} (\S+)$", re.M)
 _BUSY = re.compile(r"^vllm:num_requests_(?:running|waiting)\{[^}]*\} (\S+)$", re.M)
 
 
-def split_kind(kind: str) -> tuple[str, bool]:
-    """``--kinds``' entry as (the kind of pass, whether the engines run apart): ``gbp`` -> (gb, True)."""
-    return (kind[:2], True) if len(kind) == 3 and kind.endswith("p") else (kind, False)
+def split_kind(kind: str) -> tuple[str, bool, bool]:
+    """``--kinds``' entry as (the kind of pass, whether the engines run apart, whether each direct
+    side holds idle connections): ``gbp`` -> (gb, True, False), ``gai`` -> (ga, False, True)."""
+    flags = kind[2:]
+    if len(kind) < 2 or len(set(flags)) != len(flags) or set(flags) - {"p", "i"}:
+        return kind, False, False  # not a kind: run's check names it
+    return kind[:2], "p" in flags, "i" in flags
 
 
 def sides(kind: str) -> list[tuple[str, str, str]]:
@@ -153,7 +162,7 @@ def profile(w: Path, pids: dict[str, int], name: str, delay: float, seconds: flo
 
 def one(model_dir: str, w: Path, kind: str, conc: int, n: int, clients: list[int],
         timing: dict[str, float], jitter_ms: float = 0.0, apart: bool = False,
-        prof: bool = False) -> dict[str, Any]:
+        prof: bool = False, direct_idle: int = 0) -> dict[str, Any]:
     listed = instances()
     pids = {name: i["pid"] for name, i in listed.items() if name in PORTS and i.get("pid")}
     gw_pid = listed.get("gateway", {}).get("pid")
@@ -173,7 +182,8 @@ def one(model_dir: str, w: Path, kind: str, conc: int, n: int, clients: list[int
                "--tokenizer", model_dir, "--conc", str(conc), "--t0", str(t0), "--seed", str(1000 * n + k),
                "--out", str(out),
                *(f"--{key}={v}" for key, v in timing.items()),
-               *([f"--jitter-ms={jitter_ms}"] if path.startswith("jitter") else [])]
+               *([f"--jitter-ms={jitter_ms}"] if path.startswith("jitter") else []),
+               *([f"--idle={direct_idle}"] if direct_idle and path.startswith("direct") else [])]
         procs.append((path, cpu, out, subprocess.Popen(cmd, preexec_fn=lambda c=cpu: os.sched_setaffinity(0, {c}))))
     window_in = t0 + timing["warmup"] - time.monotonic()
     spies = profile(w, pids, f"c{conc}-p{n}", window_in, timing["window"]) if prof else {}
@@ -182,6 +192,8 @@ def one(model_dir: str, w: Path, kind: str, conc: int, n: int, clients: list[int
         row["jitter_ms"] = jitter_ms
     if pinned:
         row["pin"] = pinned
+    if direct_idle:
+        row["direct_idle"] = direct_idle
     for path, cpu, out, proc in procs:
         rc = proc.wait()
         row["sides"][path] = {**(json.loads(out.read_text()) if rc == 0 else {"rc": rc}), "client_cpu": cpu}
@@ -210,15 +222,16 @@ def one(model_dir: str, w: Path, kind: str, conc: int, n: int, clients: list[int
 
 
 def run(model_dir: str, w: Path, concs: list[int], passes: int, timing: dict[str, float],
-        kinds: list[str], jitter_ms: float = 0.0, prof: bool = False) -> list[dict[str, Any]]:
+        kinds: list[str], jitter_ms: float = 0.0, prof: bool = False, direct_idle: int = 512) -> list[dict[str, Any]]:
     rows_path = w / "rows.json"
     rows: list[dict[str, Any]] = json.loads(rows_path.read_text()) if rows_path.exists() else []
     clients = json.loads((w / CLIENT_CPUS).read_text())
     for conc in concs:
         done = sum(1 for r in rows if r["conc"] == conc)  # a second run goes on with the cycle
         for n in range(done, done + passes):
-            kind, apart = split_kind(kinds[(n - done) % len(kinds)])
-            rows.append(one(model_dir, w, kind, conc, n, clients, timing, jitter_ms, apart=apart, prof=prof))
+            kind, apart, idle = split_kind(kinds[(n - done) % len(kinds)])
+            rows.append(one(model_dir, w, kind, conc, n, clients, timing, jitter_ms, apart=apart, prof=prof,
+                            direct_idle=direct_idle if idle else 0))
             rows_path.write_text(json.dumps(rows, indent=1))
     return rows
 
@@ -237,6 +250,9 @@ def main() -> None:
     ap.add_argument("--tail", type=float, default=8.0, help="run: seconds of load after it, for late first tokens")
     ap.add_argument("--ramp", type=float, default=0.0, help="run: seconds over which each side's streams start")
     ap.add_argument("--jitter-ms", type=float, default=50.0, help="run: the jitter side's pause before each request")
+    ap.add_argument("--direct-idle", type=int, default=512,
+                    help="run: in a pass whose kind ends in i (gbi, gai), each direct side's client also holds this "
+                    "many idle connections to its instance, as the gateway's warm pool does")
     ap.add_argument("--profile", action="store_true",
                     help="run: py-spy on each instance's API server and engine core over the window (prof.py)")
     ap.add_argument("--vllm-args", help="start: each instance's vLLM arguments, in place of --enforce-eager "
@@ -251,7 +267,7 @@ def main() -> None:
         if not kinds or {split_kind(k)[0] for k in kinds} - set(KINDS):
             ap.error(f"--kinds: each of {', '.join(KINDS)}, not {a.kinds!r}")
         timing = {"warmup": a.warmup, "window": a.window, "tail": a.tail, "ramp": a.ramp}
-        res = run(a.model_dir, w, a.conc, a.passes, timing, kinds, a.jitter_ms, a.profile)
+        res = run(a.model_dir, w, a.conc, a.passes, timing, kinds, a.jitter_ms, a.profile, a.direct_idle)
         print(report(res))
     else:
         res = stop(w)

@@ -335,6 +335,8 @@ def _sub_table(group: list[dict[str, Any]]) -> list[str]:
 def _heading(conc: int, family: str, group: list[dict[str, Any]]) -> list[str]:
     kinds = FAMILIES[family]
     apart = ", each engine core loop on a CPU of its own" if group[0].get("pin") else ""
+    if idle := group[0].get("direct_idle"):
+        apart += f", each direct side holding {idle:,} idle connections"
     n = {k: sum(1 for r in group if r["kind"] == k) for k in kinds}
     if family == "gateway":
         title = (f"{conc:,} streams per side ({n['gb']} gb, {n['ga']} ga, {n['aa']} aa passes; "
@@ -351,13 +353,19 @@ def _heading(conc: int, family: str, group: list[dict[str, Any]]) -> list[str]:
             "| swap pairs for ±1 % / ±5 % |"]
 
 
+def _variant(row: dict[str, Any]) -> tuple[bool, int]:
+    return bool(row.get("pin")), row.get("direct_idle", 0)
+
+
 def report(rows: list[dict[str, Any]], slow_ms: float | None = None) -> str:
     lines = []
     rng = random.Random(21)
-    # passes with the engines apart (twin_pairs.py's gbp, gap) pair and report among themselves
-    for conc, (family, kinds), apart in itertools.product(sorted({r["conc"] for r in rows}), FAMILIES.items(),
-                                                          (False, True)):
-        group = [r for r in rows if r["conc"] == conc and r["kind"] in kinds and bool(r.get("pin")) == apart]
+    # passes with the engines apart (twin_pairs.py's gbp, gap) or idle connections held by the direct
+    # side (gbi, gai) pair and report among themselves
+    variants = sorted({_variant(r) for r in rows})
+    for conc, (family, kinds), variant in itertools.product(sorted({r["conc"] for r in rows}), FAMILIES.items(),
+                                                            variants):
+        group = [r for r in rows if r["conc"] == conc and r["kind"] in kinds and _variant(r) == variant]
         if not group:
             continue
         lines += [*_heading(conc, family, group), "|---|---|---|---|---|---|---|"]

@@ -25,6 +25,11 @@ requests: a direct side whose successors reach vLLM spread out, as a proxy sprea
 one request after another (twin_pairs.py's ``jb``/``ja`` passes). It takes J/2 ms per request out
 of the loop on average, which ``mean_in_flight`` shows.
 
+``--idle N`` opens N more connections to the server before the streams start, sends one
+``GET /health`` on each and holds them idle to the end (``idle_held``: how many the server had not
+closed by then): a direct side that presents vLLM as many connections as the gateway's warm pool
+does on the other side (twin_pairs.py's ``i`` passes).
+
 Figures: output tokens/s (tokens received inside the window ÷ its length, by vLLM's running
 ``completion_tokens`` in each chunk, which it adds with ``continuous_usage_stats``; a server without
 it counts one per event), and how many tokens an event carried, TTFT p50/p99 of the requests sent
@@ -49,6 +54,7 @@ import random
 import re
 import resource
 import time
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -195,6 +201,22 @@ def start_delay(i: int, conc: int, ramp: float) -> float:
     return ramp * i / conc
 
 
+async def hold_idle(base: str, n: int) -> list[tuple[asyncio.StreamReader, asyncio.StreamWriter]]:
+    """``n`` more connections to the server, each after one keep-alive ``GET /health``, then left
+    idle beside the streams: as the gateway's warm pool holds those its requests do not take
+    (twin_pairs.py's ``i`` passes)."""
+    u = urllib.parse.urlsplit(base)
+    held = []
+    for _ in range(n):
+        r, w = await asyncio.open_connection(u.hostname, u.port)
+        w.write(b"GET /health HTTP/1.1\r\nhost: %s\r\n\r\n" % u.netloc.encode())
+        head = await r.readuntil(b"\r\n\r\n")  # its body, if any, stays unread in the socket
+        if not head.startswith(b"HTTP/1.1 200"):
+            raise RuntimeError(f"GET /health on an idle connection answered {head[:40]!r}")
+        held.append((r, w))
+    return held
+
+
 async def loop(a: argparse.Namespace) -> dict[str, Any]:
     side = Side(a.t0 + a.warmup, a.t0 + a.warmup + a.window)
     stop = side.end + a.tail
@@ -214,6 +236,7 @@ async def loop(a: argparse.Namespace) -> dict[str, Any]:
                 await asyncio.sleep(pause(0.0, a.jitter_ms) / 1000)
 
     conn = aiohttp.TCPConnector(limit=0, force_close=False)
+    held = await hold_idle(a.base, a.idle)
     async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=None)) as http:
         await asyncio.sleep(max(0.0, a.t0 - time.monotonic()))
         cpu0 = _cpu()
@@ -227,7 +250,10 @@ async def loop(a: argparse.Namespace) -> dict[str, Any]:
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-    return {**side.figures(until), "client_cpu_share": round(cpu_window / a.window, 3),
+    idle = {"idle_held": sum(not r.at_eof() for r, _ in held)} if held else {}  # the server closed none?
+    for _, w in held:
+        w.close()
+    return {**side.figures(until), **idle, "client_cpu_share": round(cpu_window / a.window, 3),
             "client_cpu_s": round(_cpu() - cpu0, 2)}
 
 
@@ -249,6 +275,8 @@ def main() -> None:
     ap.add_argument("--ramp", type=float, default=0.0, help="seconds over which the streams start, one by one")
     ap.add_argument("--jitter-ms", type=float, default=0.0,
                     help="a random pause of 0 to this many ms before each stream's next request")
+    ap.add_argument("--idle", type=int, default=0,
+                    help="this many more connections, each used once (GET /health), held idle through the pass")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
