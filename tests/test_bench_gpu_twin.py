@@ -279,6 +279,9 @@ def test_one_twin_pass_through_real_sockets(entry: str, tmp_path: Path, monkeypa
 
 
 RESULTS = Path(__file__).resolve().parents[1] / "bench/gpu/results"
+# every 512 pass under vLLM's defaults with the gateway's pool at 1,024, three machines
+DEFAULTS_512 = [str(RESULTS / "twin-defaults-h200x2" / f)
+                for f in ("rows.json.gz", "rows-512-more-1.json.gz", "rows-512-more-2.json.gz")]
 
 
 def _report(capsys: pytest.CaptureFixture[str], *rows_files: str) -> str:
@@ -461,9 +464,7 @@ def test_the_defaults_write_up_matches_its_rows(capsys: pytest.CaptureFixture[st
     first = _report(capsys, "twin-defaults-h200x2/rows.json.gz")
     assert "| tokens/s | 0.967 (0.929–1.040), 2 of 5 |" in first
     assert "| tokens/s | 1.032 (0.976–1.110), 2 of 4 |" in first
-    d = "twin-defaults-h200x2/"
-    _load("twin_stats").main(["--slow-ttft-ms", "2400", *(str(RESULTS / d / f) for f in (
-        "rows.json.gz", "rows-512-more-1.json.gz", "rows-512-more-2.json.gz"))])
+    _load("twin_stats").main(["--slow-ttft-ms", "2400", *DEFAULTS_512])
     every = capsys.readouterr().out
     assert "| tokens/s | 1.002 (0.942–1.019), 6 of 12 |" in every
     assert "| TTFT p50 | 1.200 (0.969–1.589), 8 of 12 |" in every
@@ -495,10 +496,8 @@ def test_the_pool512_write_up_matches_its_rows(capsys: pytest.CaptureFixture[str
     assert "| the gateway's only | 2 | 2.500 (2.262–2.737) |" in out
     assert "| the direct side's only | 0 | — |" in out
     assert "(median -5)" in out
-    d = RESULTS / "twin-defaults-h200x2"
-    _load("twin_versus").main(["--conc", "512", "--a", *(str(d / f) for f in (
-        "rows.json.gz", "rows-512-more-1.json.gz", "rows-512-more-2.json.gz")),
-        "--b", str(RESULTS / "twin-pool512-h200x2/rows.json.gz")])
+    _load("twin_versus").main(["--conc", "512", "--a", *DEFAULTS_512,
+                               "--b", str(RESULTS / "twin-pool512-h200x2/rows.json.gz")])
     out = capsys.readouterr().out
     assert "| tokens/s | 1.002 (0.864–1.042), 6 of 12 | 0.987 (0.840–1.065), 3 of 11 | 0.93 |" in out
     assert "| TTFT p50 | 1.200 (0.723–1.867), 8 of 12 | 0.923 (0.379–1.669), 4 of 11 | 0.07 |" in out
