@@ -107,8 +107,14 @@ def one_pass(server: Any, mode: str, a: argparse.Namespace, work: Path, seed: in
         finally:
             if perf is not None:
                 perf.wait(timeout=30)
-            if client.wait(timeout=a.warmup + a.window + 120) != 0:
-                raise RuntimeError(f"window_client.py exited with {client.returncode}")
+            try:
+                rc = client.wait(timeout=a.warmup + a.window + 120)
+            except subprocess.TimeoutExpired:
+                client.kill()  # never left behind
+                client.wait()
+                raise
+            if rc != 0:
+                raise RuntimeError(f"window_client.py exited with {rc}")
     finally:
         for s in socks:
             s.close()

@@ -66,6 +66,7 @@ INPUT_LEN = OUTPUT_LEN = 128
 # vLLM's running count in each chunk (stream_options.continuous_usage_stats): a chunk may carry
 # several tokens once its API server falls behind the engine and merges deltas.
 _USED = re.compile(rb'"completion_tokens":\s*(\d+)')
+_LENGTH = re.compile(rb"\r\ncontent-length:\s*(\d+)", re.I)
 SPECIAL = 3  # the tiny tokenizer's <pad>, <s>, </s> (vllm_fleet/tinymodel.py): never drawn
 
 
@@ -210,9 +211,11 @@ async def hold_idle(base: str, n: int) -> list[tuple[asyncio.StreamReader, async
     for _ in range(n):
         r, w = await asyncio.open_connection(u.hostname, u.port)
         w.write(b"GET /health HTTP/1.1\r\nhost: %s\r\n\r\n" % u.netloc.encode())
-        head = await r.readuntil(b"\r\n\r\n")  # its body, if any, stays unread in the socket
+        head = await r.readuntil(b"\r\n\r\n")
         if not head.startswith(b"HTTP/1.1 200"):
             raise RuntimeError(f"GET /health on an idle connection answered {head[:40]!r}")
+        # read its body too (vLLM's is empty), or at_eof() below could not see the server close it
+        await r.readexactly(int(m.group(1)) if (m := _LENGTH.search(head)) else 0)
         held.append((r, w))
     return held
 
