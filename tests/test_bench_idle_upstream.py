@@ -79,3 +79,11 @@ def test_the_write_up_matches_the_committed_rows(capsys: pytest.CaptureFixture[s
     assert "| fresh | 0.959 (0.770–1.244), 5 of 16 above 1 | 0.989 (0.797–1.177), 6 of 16 above 1 |" in out
     assert "| used | 0.892 (0.705–1.273), 5 of 16 above 1 | 1.032 (0.855–1.273), 9 of 16 above 1 |" in out
     assert "1.035 (0.883–1.167), 10 of 16 above 1" in out and "1.051 (0.781–1.451), 10 of 16 above 1" in out
+    _idle().main(["--rows", str(results / "idle-upstream-3-conc8.json")])
+    out = capsys.readouterr().out
+    assert "| fresh | 1.102 (0.841–1.164), 5 of 8 above 1 |" in out and "1.020 (0.900–1.235), 5 of 8 above 1" in out
+    assert "| used | 0.929 (0.841–1.178), 3 of 8 above 1 |" in out and "1.046 (0.862–1.158), 5 of 8 above 1" in out
+    _idle().main(["--rows", *(str(results / f) for f in (
+        "idle-upstream-1.json", "idle-upstream-2.json", "idle-upstream-3-conc8.json"))])
+    out = capsys.readouterr().out
+    assert "1.028 (0.883–1.235), 15 of 24 above 1" in out and "1.051 (0.781–1.451), 15 of 24 above 1" in out
