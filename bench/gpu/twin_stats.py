@@ -334,18 +334,19 @@ def _sub_table(group: list[dict[str, Any]]) -> list[str]:
 
 def _heading(conc: int, family: str, group: list[dict[str, Any]]) -> list[str]:
     kinds = FAMILIES[family]
-    apart = ", each engine core loop on a CPU of its own" if group[0].get("pin") else ""
+    # what marks this group out (report's _variant), said after the pass counts
+    variant = ", each engine core loop on a CPU of its own" if group[0].get("pin") else ""
     if idle := group[0].get("direct_idle"):
-        apart += f", each direct side holding {idle:,} idle connections"
+        variant += f", each direct side holding {idle:,} idle connections"
     n = {k: sum(1 for r in group if r["kind"] == k) for k in kinds}
     if family == "gateway":
         title = (f"{conc:,} streams per side ({n['gb']} gb, {n['ga']} ga, {n['aa']} aa passes; "
-                 f"{sum(r.get('queued', 0) for r in group)} requests queued in the gateway{apart})")
+                 f"{sum(r.get('queued', 0) for r in group)} requests queued in the gateway{variant})")
         label = "gateway"
     else:
         jitter = sorted({r.get("jitter_ms") for r in group})
         title = (f"{conc:,} streams per side, direct both, one pausing 0–{'/'.join(map(str, jitter))} ms before "
-                 f"each request ({n['jb']} jb, {n['ja']} ja passes{apart})")
+                 f"each request ({n['jb']} jb, {n['ja']} ja passes{variant})")
         label = "jittered"
     return [f"\n### {title}\n",
             f"| measure | {label} ÷ direct, median of swap pairs (90 % interval), above 1 | passes {kinds[0]} / "
