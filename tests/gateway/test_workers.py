@@ -227,19 +227,24 @@ def test_four_workers_hold_one_limit_and_one_queue_together(tmp_path: Path) -> N
 
 
 def test_four_workers_serve_their_queue_first_come_first_served(tmp_path: Path) -> None:
-    """A limit of 1 and 10 requests 50 ms apart, each on a new connection: whichever workers
+    """A limit of 1 and 10 requests 100 ms apart, each on a new connection: whichever workers
     hold them, they are served in the order they came. When each worker handed a freed slot to its
     own oldest waiter, a later request in the worker that finished overtook older ones elsewhere."""
     fake = FakeVllm(tmp_path, ["m1"], "--fake-latency", "0.2")
     gw = Gateway(tmp_path, instances(fake), args=["--workers", "4"],
                  env={"FLEET_BACKEND_MAX_CONCURRENCY": "1", "FLEET_BACKEND_QUEUE": "16"})
+    # Each request's client is built before the clock starts: building one (its TLS context) took
+    # longer than the gap between two sends on a loaded CI host, so request 2 reached the gateway
+    # before request 1 (CI once: 2 served right after 0, 1 after 2), an order the gateway never saw.
+    clients = [httpx.Client(timeout=30) for _ in range(10)]
     try:
         four_workers_up(gw)
         done: dict[int, float] = {}
+        start = time.monotonic() + 0.1
 
         def one(i: int) -> int:
-            time.sleep(0.05 * i)
-            r = httpx.post(gw.url + "/v1/chat/completions", content=BODY, headers=HEADERS, timeout=30)
+            time.sleep(max(0.0, start + 0.1 * i - time.monotonic()))
+            r = clients[i].post(gw.url + "/v1/chat/completions", content=BODY, headers=HEADERS)
             done[i] = time.monotonic()
             return r.status_code
 
@@ -254,6 +259,8 @@ def test_four_workers_serve_their_queue_first_come_first_served(tmp_path: Path) 
         assert not overtaken, (overtaken, done)
         assert queue_waits(gw) >= 9
     finally:
+        for c in clients:
+            c.close()
         gw.stop()
         fake.stop()
 
