@@ -52,3 +52,20 @@ def test_the_write_up_quotes_the_committed_passes(name: str, passes: int, row: s
     assert row in (ROOT / "bench" / "README.md").read_text()
     printed = next(x for x in summary if x.startswith(f"gateway {debian} / vllm-router"))
     assert printed.endswith(f"median {_median_ratio(deb, router):.2f}")
+
+
+def test_the_floor_under_debians_python_is_the_one_quoted() -> None:
+    cpu: dict[str, list[float]] = {}
+    for line in (RESULTS / "floor-1.txt").read_text().splitlines():
+        if m := re.match(r"pass \d+, ([^:]+): .* user ([\d.]+) µs, system ([\d.]+) µs", line):
+            cpu.setdefault(m[1], []).append(float(m[2]) + float(m[3]))
+    gw, router = cpu["gateway"], cpu["vllm-router"]
+    share = [u - t for u, t in zip(cpu["uvicorn floor"], cpu["raw floor, a task per request"], strict=True)]
+    ceiling = [(g - s) / r for g, s, r in zip(gw, share, router, strict=True)]
+    ratio = [g / r for g, r in zip(gw, router, strict=True)]
+    row = (f"| 1–5 | {', '.join(f'{x:.2f}' for x in ratio)} | {', '.join(f'{x:.1f}' for x in share)} | "
+           f"{', '.join(f'{x:.2f}' for x in ceiling)} |")
+    median = (f"| median | {statistics.median(ratio):.2f} | {statistics.median(share):.1f} | "
+              f"{statistics.median(ceiling):.2f} |")
+    text = (ROOT / "bench" / "README.md").read_text()
+    assert row in text and median in text, (row, median)

@@ -11,8 +11,10 @@ made by an asyncio protocol of its own on httptools and uvloop, with no ASGI at 
 with a task per request (what a proxy that awaits its upstream needs at least): how much a gateway
 with its own HTTP server under the proxy path could save at most. ``--router`` adds vllm-router
 0.1.17 in front of the same fake upstream, the baseline the saving is measured against.
+``--python`` runs the uvicorn and raw floors and the gateway under another interpreter (a virtual environment with
+the gateway's dependencies), as ab.py's ``--new-python``.
 
-    .venv/bin/python bench/compare/floor.py [--passes 5] [--requests 20000] [--granian] [--raw] [--router]
+    .venv/bin/python bench/compare/floor.py [--passes 5] [--requests 20000] [--granian] [--raw] [--router] [--python PY]
 """
 
 from __future__ import annotations
@@ -113,10 +115,12 @@ def serve(port: int) -> None:
                 access_log=False, log_level="warning", proxy_headers=False, server_header=False)
 
 
-def start_floor(work: Path, server: str = "uvicorn", tree: Path = ROOT) -> tuple[Proc, str]:
-    """The floor's app served from the tree at ``tree`` (this one by default), with its protocol."""
+def start_floor(work: Path, server: str = "uvicorn", tree: Path = ROOT,
+                python: str = sys.executable) -> tuple[Proc, str]:
+    """The floor's app served from the tree at ``tree`` (this one by default), with its protocol,
+    under ``python``."""
     port = free_port()
-    p = Proc("floor", [sys.executable, str(tree / "bench" / "compare" / "floor.py"), "--serve", str(port),
+    p = Proc("floor", [python, str(tree / "bench" / "compare" / "floor.py"), "--serve", str(port),
                        "--server", server], work / "floor.log", PROXY_CPU, cwd=tree)
     url = f"http://127.0.0.1:{port}"
     p.wait_http(url + "/", 20, ok=lambda r: r.status_code == 200)
@@ -167,6 +171,7 @@ def main() -> None:
     ap.add_argument("--granian", action="store_true", help="also the floor under granian (pip installs it)")
     ap.add_argument("--raw", action="store_true", help="also the floor of an HTTP protocol of its own, no ASGI")
     ap.add_argument("--router", action="store_true", help="also vllm-router in front of the fake upstream")
+    ap.add_argument("--python", default=sys.executable, help="runs the uvicorn and raw floors and the gateway")
     ap.add_argument("--serve", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--server", default="uvicorn", help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -180,15 +185,17 @@ def main() -> None:
             serve_granian(a.serve, a.server.removeprefix("granian-"))
         return
     work, upstream, up_url = side_upstream()
+    py = a.python
     starts: dict[str, Callable[[], tuple[Proc, str]]] = {
-        "uvicorn floor": lambda: start_floor(work), "gateway": lambda: gateway(work, up_url, PROXY_CPU, work)[:2]}
+        "uvicorn floor": lambda: start_floor(work, python=py),
+        "gateway": lambda: gateway(work, up_url, PROXY_CPU, work, launcher=(py, "-m", "gateway"))[:2]}
     if a.granian:
         subprocess.run([sys.executable, "-m", "pip", "install", "-q", "granian==2.8.7"], check=True)
         starts["granian-asgi floor"] = lambda: start_floor(work, "granian-asgi")
         starts["granian-rsgi floor"] = lambda: start_floor(work, "granian-rsgi")
     if a.raw:
-        starts["raw floor"] = lambda: start_floor(work, "raw")
-        starts["raw floor, a task per request"] = lambda: start_floor(work, "raw-task")
+        starts["raw floor"] = lambda: start_floor(work, "raw", python=py)
+        starts["raw floor, a task per request"] = lambda: start_floor(work, "raw-task", python=py)
     if a.router:
         starts["vllm-router"] = lambda: vllm_router(work, up_url, PROXY_CPU, ROOT / "bench" / "results" / "venvs")[:2]
     try:
