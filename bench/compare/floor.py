@@ -11,8 +11,8 @@ made by an asyncio protocol of its own on httptools and uvloop, with no ASGI at 
 with a task per request (what a proxy that awaits its upstream needs at least): how much a gateway
 with its own HTTP server under the proxy path could save at most. ``--router`` adds vllm-router
 0.1.17 in front of the same fake upstream, the baseline the saving is measured against.
-``--python`` runs the uvicorn and raw floors and the gateway under another interpreter (a virtual environment with
-the gateway's dependencies), as ab.py's ``--new-python``.
+``--python`` runs the uvicorn and raw floors and the gateway under another interpreter (a virtual
+environment with the gateway's dependencies), as ab.py's ``--new-python``.
 
     .venv/bin/python bench/compare/floor.py [--passes 5] [--requests 20000] [--granian] [--raw] [--router] [--python PY]
 """

@@ -233,9 +233,10 @@ def test_four_workers_serve_their_queue_first_come_first_served(tmp_path: Path) 
     fake = FakeVllm(tmp_path, ["m1"], "--fake-latency", "0.2")
     gw = Gateway(tmp_path, instances(fake), args=["--workers", "4"],
                  env={"FLEET_BACKEND_MAX_CONCURRENCY": "1", "FLEET_BACKEND_QUEUE": "16"})
-    # Each request's client is built before the clock starts: building one (its TLS context) took
-    # longer than the gap between two sends on a loaded CI host, so request 2 reached the gateway
-    # before request 1 (CI once: 2 served right after 0, 1 after 2), an order the gateway never saw.
+    # Each request's client is built before the clock starts: building one (its TLS context) can
+    # take longer than a 50 ms gap on a loaded CI host, and then request 2 reaches the gateway
+    # before request 1, an order the gateway never saw: the likely cause of CI's one failure with
+    # clients built in the threads (2 served right after 0, 1 after 2).
     clients = [httpx.Client(timeout=30) for _ in range(10)]
     try:
         four_workers_up(gw)
