@@ -11,20 +11,25 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "compare" / "results" / "python-build"
-PASS = re.compile(r"^pass (\d+), (gateway base|gateway new|vllm-router): .* user ([\d.]+) µs, system ([\d.]+) µs")
+PASS = re.compile(r"^pass \d+, ([^:]+): .* user ([\d.]+) µs, system ([\d.]+) µs")
+
+
+def _passes(lines: list[str]) -> dict[str, list[float]]:
+    """Each server's CPU per pass (user + system), in pass order, from floor.passes' lines."""
+    cpu: dict[str, list[float]] = {}
+    for line in lines:
+        if m := PASS.match(line):
+            cpu.setdefault(m[1], []).append(float(m[2]) + float(m[3]))
+    return cpu
 
 
 def _read(name: str) -> tuple[str, dict[str, list[float]], list[str]]:
-    """Which side ran Debian's interpreter, each side's CPU per pass (user + system) in pass
-    order, and the summary lines ab.py printed."""
+    """Which side ran Debian's interpreter, each side's CPU per pass, and the summary lines ab.py
+    printed."""
     lines = (RESULTS / name).read_text().splitlines()
     debian = "new" if "(new: Debian's" in lines[0] else "base"
     assert f"({debian}: Debian's" in lines[0]
-    cpu: dict[str, dict[int, float]] = {}
-    for line in lines:
-        if m := PASS.match(line):
-            cpu.setdefault(m[2], {})[int(m[1])] = float(m[3]) + float(m[4])
-    return debian, {k: [v[i] for i in sorted(v)] for k, v in cpu.items()}, [x for x in lines if not PASS.match(x)]
+    return debian, _passes(lines), [x for x in lines if not PASS.match(x)]
 
 
 def _median_ratio(side: list[float], router: list[float]) -> float:
@@ -55,10 +60,7 @@ def test_the_write_up_quotes_the_committed_passes(name: str, passes: int, row: s
 
 
 def test_the_floor_under_debians_python_is_the_one_quoted() -> None:
-    cpu: dict[str, list[float]] = {}
-    for line in (RESULTS / "floor-1.txt").read_text().splitlines():
-        if m := re.match(r"pass \d+, ([^:]+): .* user ([\d.]+) µs, system ([\d.]+) µs", line):
-            cpu.setdefault(m[1], []).append(float(m[2]) + float(m[3]))
+    cpu = _passes((RESULTS / "floor-1.txt").read_text().splitlines())
     gw, router = cpu["gateway"], cpu["vllm-router"]
     share = [u - t for u, t in zip(cpu["uvicorn floor"], cpu["raw floor, a task per request"], strict=True)]
     ceiling = [(g - s) / r for g, s, r in zip(gw, share, router, strict=True)]
