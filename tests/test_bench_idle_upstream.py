@@ -4,13 +4,13 @@ that compares passes with and without them."""
 from __future__ import annotations
 
 import argparse
-import importlib
-import sys
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import pytest
+
+from tests.support.bench_gpu import load
 
 if TYPE_CHECKING:
     from tests.support.real_vllm import RealVllm
@@ -21,11 +21,7 @@ COMPARE = Path(__file__).resolve().parents[1] / "bench" / "compare"
 
 
 def _idle() -> ModuleType:
-    sys.path.insert(0, str(COMPARE))  # its siblings import by bare name, as when run as a script
-    try:
-        return importlib.import_module("idle_upstream")
-    finally:
-        sys.path.remove(str(COMPARE))
+    return load("idle_upstream", COMPARE)  # its siblings import by bare name, as when run as a script
 
 
 def _row(mode: str, tokens: float, api: float = 100.0) -> dict[str, Any]:

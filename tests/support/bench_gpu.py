@@ -1,5 +1,6 @@
 """bench/gpu's scripts as modules: they import each other by bare name, as they run on the GPU
-machine (``python3 bench/gpu/X.py``), so their folder goes on ``sys.path`` for the import only."""
+machine (``python3 bench/gpu/X.py``), so their folder goes on ``sys.path`` for the import only.
+bench/compare's scripts import their siblings the same way: ``folder`` names theirs."""
 
 from __future__ import annotations
 
@@ -11,9 +12,9 @@ from types import ModuleType
 GPU_BENCH = Path(__file__).resolve().parents[2] / "bench" / "gpu"
 
 
-def load(name: str) -> ModuleType:
-    sys.path.insert(0, str(GPU_BENCH))
+def load(name: str, folder: Path = GPU_BENCH) -> ModuleType:
+    sys.path.insert(0, str(folder))
     try:
         return importlib.import_module(name)
     finally:
-        sys.path.remove(str(GPU_BENCH))
+        sys.path.remove(str(folder))
