@@ -19,6 +19,18 @@ def sign_test(k: int, n: int) -> float:
     return min(1.0, 2 * tail)
 
 
+def fisher_p(a: int, n1: int, c: int, n2: int) -> float:
+    """Exact two-sided Fisher p of ``a`` of ``n1`` against ``c`` of ``n2``: the tables with these
+    margins no likelier than the one seen."""
+    k, n = a + c, n1 + n2
+
+    def prob(i: int) -> float:
+        return math.comb(n1, i) * math.comb(n2, k - i) / math.comb(n, k)
+
+    seen = prob(a)
+    return min(1.0, sum(prob(i) for i in range(max(0, k - n2), min(n1, k) + 1) if prob(i) <= seen * (1 + 1e-9)))
+
+
 def modes_table(group: list[dict[str, Any]], slow_ms: float) -> list[str]:
     """The ``gb``/``ga`` passes by which side's TTFT p50 was above ``slow_ms``, the TTFT p50 ratio of each
     group and a sign test on the passes with one side slow."""

@@ -24,9 +24,9 @@ use (window_client.py, one process each), measured over the same seconds:
   (results/twin-2b8-h200x2): whether where the scheduler ran them was the cause;
 - ``gbi`` / ``gai`` (a trailing ``i``, with or beside the ``p``): each direct side's client also
   holds ``--direct-idle`` connections to its instance, used once and left idle
-  (window_client.py's ``--idle``), so that vLLM sees as many connections on it as the gateway's
-  warm pool adds on the other side (its ``--max-num-seqs``, 1,024 under vLLM's defaults on an
-  H200, against 512 streams: results/twin-pool512-h200x2).
+  (window_client.py's ``--idle``). Meant to match the gateway's warm pool on the other side; but
+  the pool reaches both instances, so this raises the direct side's vLLM from 1,536 connections
+  to 2,048 against the gateway side's 1,024 (results/twin-idle-h200x2).
 
 Whatever the host does during a pass (its other tenants, clocks, the other instance), both sides
 see. A difference between the two GPUs cancels between a ``gb`` and the ``ga`` next to it

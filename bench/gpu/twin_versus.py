@@ -7,6 +7,7 @@ dozen pairs each and ratios that spread by a third, a difference of medians says
 this prints the exact two-sided rank-sum (Mann-Whitney) p beside it.
 
     python3 bench/gpu/twin_versus.py --conc 512 --a ROWS... --b ROWS...
+    python3 bench/gpu/twin_versus.py --conc 512 --a ROWS --b ROWS --b-idle 512   # one run's gb/ga against its gbi/gai
 """
 
 from __future__ import annotations
@@ -45,9 +46,12 @@ def rank_sum_p(xs: list[float], ys: list[float]) -> float:
     return min(1.0, 2 * min(low, high))
 
 
-def versus(a_paths: list[str], b_paths: list[str], conc: int) -> str:
-    """The table: each measure's median of swap pairs under each setting and the rank-sum p."""
-    a_rows, b_rows = ([r for r in load(p) if r["conc"] == conc] for p in (a_paths, b_paths))
+def versus(a_paths: list[str], b_paths: list[str], conc: int, a_idle: int = 0, b_idle: int = 0) -> str:
+    """The table: each measure's median of swap pairs under each setting and the rank-sum p. Each
+    side takes the passes whose direct side held ``a_idle`` / ``b_idle`` idle connections (0: the
+    plain ``gb``/``ga``; twin_pairs.py's ``gbi``/``gai`` hold some), engines never apart."""
+    a_rows, b_rows = ([r for r in load(p) if r["conc"] == conc and not r.get("pin") and r.get("direct_idle", 0) == i]
+                      for p, i in ((a_paths, a_idle), (b_paths, b_idle)))
     lines = [f"Swap pairs at {conc} streams, gateway ÷ direct: median (lowest–highest), how many above 1\n",
              "| measure | A | B | rank-sum p, A against B |", "|---|---|---|---|"]
     for name, key in MEASURES:
@@ -65,8 +69,10 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--conc", type=int, required=True)
     ap.add_argument("--a", nargs="+", required=True, help="one setting's rows files (swap pairs never span two)")
     ap.add_argument("--b", nargs="+", required=True, help="the other setting's")
+    ap.add_argument("--a-idle", type=int, default=0, help="A's passes whose direct side held this many idle ones")
+    ap.add_argument("--b-idle", type=int, default=0, help="B's alike (512: a run's gbi/gai passes)")
     a = ap.parse_args(argv)
-    print(versus(a.a, a.b, a.conc))
+    print(versus(a.a, a.b, a.conc, a.a_idle, a.b_idle))
 
 
 if __name__ == "__main__":
