@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.bench_gpu import RESULTS
 from tests.support.bench_gpu import load as _load
 
 # a process that starts one child burning a CPU and sleeps: an API server and its engine core
@@ -138,7 +139,6 @@ def test_passes_with_the_engines_apart_pair_among_themselves() -> None:
     assert "| 2 | gb | 2 | direct:a | 1.02 | 0.002 | 0.8 | 0.01 | 80.0 | 1980 | 400 | 20.0 |" in apart
 
 
-RESULTS = Path(__file__).resolve().parents[1] / "bench/gpu/results"
 APART = [f"twin-apart-h200x2/rows-{k}.json.gz" for k in (1, 2, 3)]
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.bench_gpu import DEFAULTS_512, RESULTS
 from tests.support.bench_gpu import load as _load
 
 
@@ -278,10 +279,6 @@ def test_one_twin_pass_through_real_sockets(entry: str, tmp_path: Path, monkeypa
         assert row["engine"][path]["api_wait"] >= 0, row["engine"]  # read from /proc, not unknown
 
 
-RESULTS = Path(__file__).resolve().parents[1] / "bench/gpu/results"
-# every 512 pass under vLLM's defaults with the gateway's pool at 1,024, three machines
-DEFAULTS_512 = [str(RESULTS / "twin-defaults-h200x2" / f)
-                for f in ("rows.json.gz", "rows-512-more-1.json.gz", "rows-512-more-2.json.gz")]
 
 
 def _report(capsys: pytest.CaptureFixture[str], *rows_files: str) -> str:

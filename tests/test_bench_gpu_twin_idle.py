@@ -10,12 +10,10 @@ from typing import Any
 
 import pytest
 
+from tests.support.bench_gpu import DEFAULTS_512, RESULTS
 from tests.support.bench_gpu import load as _load
 
-RESULTS = Path(__file__).resolve().parents[1] / "bench/gpu/results"
 IDLE = str(RESULTS / "twin-idle-h200x2/rows.json.gz")
-DEFAULTS_512 = [str(RESULTS / "twin-defaults-h200x2" / f)
-                for f in ("rows.json.gz", "rows-512-more-1.json.gz", "rows-512-more-2.json.gz")]
 
 
 def _pass(kind: str, gateway: tuple[float, float], direct: tuple[float, float], pool: float = 1024,

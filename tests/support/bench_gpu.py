@@ -10,6 +10,10 @@ from pathlib import Path
 from types import ModuleType
 
 GPU_BENCH = Path(__file__).resolve().parents[2] / "bench" / "gpu"
+RESULTS = GPU_BENCH / "results"
+# every 512 pass under vLLM's defaults with the gateway's pool at 1,024 in twin-defaults, three machines
+DEFAULTS_512 = [str(RESULTS / "twin-defaults-h200x2" / f)
+                for f in ("rows.json.gz", "rows-512-more-1.json.gz", "rows-512-more-2.json.gz")]
 
 
 def load(name: str, folder: Path = GPU_BENCH) -> ModuleType:
