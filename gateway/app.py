@@ -71,7 +71,7 @@ class FleetGateway:
         self.scraper = LoadScraper(self.backends, settings.load_scrape_interval_s, settings.health_timeout_s,
                                    settings.upstream_api_key, self.pool.count) if settings.scrapes_load else None
         self.limiter = Limiter(self.pool, settings, self.metrics)
-        self.health = HealthChecker(self.backends, settings, self.metrics.count_probe, shared)
+        self.health = HealthChecker(self.backends, settings, self._probed, shared)
         self.ejector = Ejector(self.backends, settings, self.metrics, shared)
         self.proxy = Proxy(self.pool, settings, self.metrics, self.limiter, self.ejector)
         self.warmer = Warmer(self.backends, self.limiter, self.proxy.upstream, settings.health_interval_s,
@@ -85,6 +85,13 @@ class FleetGateway:
         self.console = Console(settings, self.backends, self.pool, self.metrics.activity, self.auth,
                                self.link, self.pool.count) if settings.console else None
         self.api = self._build_api()
+
+    def _probed(self, name: str, ok: bool) -> None:
+        """A probe's count, and this worker's connections to that backend as of it
+        (``fleet_upstream_connections``: how many an instance holds from the gateway)."""
+        self.metrics.count_probe(name, ok)
+        if (b := self.backends.get(name)) is not None:
+            self.metrics.upstream_connections(name, self.proxy.upstream.counts(b.url))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":

@@ -58,6 +58,10 @@ class GatewayMetrics:
                            multiprocess_mode="livemax")
         self.in_flight = Gauge("fleet_backend_in_flight", "Requests the gateway has open to the backend",
                                ["backend"], registry=r, multiprocess_mode="livesum")
+        # Set at each probe, not per request: the pool changes on the hot path, a scrape can lag it.
+        self.connections = Gauge("fleet_upstream_connections", "Connections the gateway holds open to the backend, "
+                                 "as of its last probe: open (idle or busy), and of those idle", ["backend", "state"],
+                                 registry=r, multiprocess_mode="livesum")
         self.retries = Counter("fleet_retries_total", "Requests sent again to another replica before any byte",
                                ["model"], registry=r)
         self.upstream_failures = Counter("fleet_upstream_failures_total",
@@ -120,6 +124,9 @@ class GatewayMetrics:
             for s in BackendState:
                 with contextlib.suppress(KeyError):
                     self.state.remove(b.name, s.value)
+            for kind in ("open", "idle"):
+                with contextlib.suppress(KeyError):
+                    self.connections.remove(b.name, kind)
             return
         self.healthy.labels(b.name).set(1 if b.healthy else 0)
         for s in BackendState:
@@ -127,6 +134,11 @@ class GatewayMetrics:
 
     def count_probe(self, backend: str, ok: bool) -> None:
         self.probes.labels(backend, "ok" if ok else "fail").inc()
+
+    def upstream_connections(self, backend: str, counts: dict[str, int]) -> None:
+        """This process's connections to ``backend`` (upstream.py's ``counts``: open, idle)."""
+        for kind in ("open", "idle"):
+            self.connections.labels(backend, kind).set(counts[kind])
 
     def count(self, model: str, backend: str, code: int | str) -> None:
         entry = CURRENT.get()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import re
 from pathlib import Path
 
 import httpx
@@ -67,6 +68,39 @@ def test_requests_find_their_connections_open(tmp_path: Path, procs: list[Proc])
         assert [f.result() for f in futures] == [200] * LIMIT
     assert fake.stats()["peak_in_flight"] == LIMIT  # all six were open upstream at once...
     assert peak <= before  # ...on connections that were open before they came
+
+
+def _held(gw: Gateway) -> dict[str, float]:
+    """``fleet_upstream_connections`` by state, from the gateway's /metrics."""
+    text = httpx.get(gw.url + "/metrics", timeout=5).text
+    return {m.group(1): float(m.group(2))
+            for m in re.finditer(r'^fleet_upstream_connections\{backend="a",state="(\w+)"\} (\S+)$', text, re.M)}
+
+
+def test_metrics_show_the_connections_held(tmp_path: Path, procs: list[Proc]) -> None:
+    fake = FakeVllm(tmp_path, ["m"])
+    procs.append(fake)
+    gw = Gateway(tmp_path, _config(fake), env={"FLEET_UPSTREAM_WARM": "true"})
+    procs.append(gw)
+    assert wait_until(lambda: _held(gw) == {"open": LIMIT, "idle": LIMIT}, timeout=10), _held(gw)
+    fake.configure(latency=2.0)
+    with concurrent.futures.ThreadPoolExecutor(2) as ex:
+        futures = [ex.submit(_chat, gw) for _ in range(2)]
+        # two busy on their way: at a probe (every 0.2 s here) the gauge follows the pool
+        assert wait_until(lambda: _held(gw) == {"open": LIMIT, "idle": LIMIT - 2}, timeout=1.8), _held(gw)
+        assert [f.result() for f in futures] == [200, 200]
+    assert wait_until(lambda: _held(gw) == {"open": LIMIT, "idle": LIMIT}, timeout=5), _held(gw)
+
+
+def test_metrics_sum_the_workers_connections(tmp_path: Path, procs: list[Proc]) -> None:
+    # Two workers each warm half the limit; a scrape of either shows what the backend holds from both.
+    fake = FakeVllm(tmp_path, ["m"])
+    procs.append(fake)
+    gw = Gateway(tmp_path, _config(fake), env={"FLEET_UPSTREAM_WARM": "true"}, args=["--workers", "2"])
+    procs.append(gw)
+    assert wait_until(lambda: _held(gw) == {"open": LIMIT, "idle": LIMIT}, timeout=15), _held(gw)
+    assert _pool(gw) == {"open": LIMIT // 2, "idle": LIMIT // 2}  # /fleet: the answering worker's own
+    assert wait_until(lambda: established_to(fake.port) >= LIMIT, timeout=5), established_to(fake.port)
 
 
 def test_connections_come_back_after_the_backend_restarts(tmp_path: Path, procs: list[Proc]) -> None:
