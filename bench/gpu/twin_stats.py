@@ -334,19 +334,19 @@ def _sub_table(group: list[dict[str, Any]]) -> list[str]:
 
 def _heading(conc: int, family: str, group: list[dict[str, Any]]) -> list[str]:
     kinds = FAMILIES[family]
-    # what marks this group out (report's _variant), said after the pass counts
-    variant = ", each engine core loop on a CPU of its own" if group[0].get("pin") else ""
+    # what marks this group out (variant()), said after the pass counts
+    marks = ", each engine core loop on a CPU of its own" if group[0].get("pin") else ""
     if idle := group[0].get("direct_idle"):
-        variant += f", each direct side holding {idle:,} idle connections"
+        marks += f", each direct side holding {idle:,} idle connections"
     n = {k: sum(1 for r in group if r["kind"] == k) for k in kinds}
     if family == "gateway":
         title = (f"{conc:,} streams per side ({n['gb']} gb, {n['ga']} ga, {n['aa']} aa passes; "
-                 f"{sum(r.get('queued', 0) for r in group)} requests queued in the gateway{variant})")
+                 f"{sum(r.get('queued', 0) for r in group)} requests queued in the gateway{marks})")
         label = "gateway"
     else:
         jitter = sorted({r.get("jitter_ms") for r in group})
         title = (f"{conc:,} streams per side, direct both, one pausing 0–{'/'.join(map(str, jitter))} ms before "
-                 f"each request ({n['jb']} jb, {n['ja']} ja passes{variant})")
+                 f"each request ({n['jb']} jb, {n['ja']} ja passes{marks})")
         label = "jittered"
     return [f"\n### {title}\n",
             f"| measure | {label} ÷ direct, median of swap pairs (90 % interval), above 1 | passes {kinds[0]} / "
@@ -354,7 +354,8 @@ def _heading(conc: int, family: str, group: list[dict[str, Any]]) -> list[str]:
             "| swap pairs for ±1 % / ±5 % |"]
 
 
-def _variant(row: dict[str, Any]) -> tuple[bool, int]:
+def variant(row: dict[str, Any]) -> tuple[bool, int]:
+    """What a pass was run with besides its kind: the engines apart, idle connections on the direct side."""
     return bool(row.get("pin")), row.get("direct_idle", 0)
 
 
@@ -363,10 +364,10 @@ def report(rows: list[dict[str, Any]], slow_ms: float | None = None) -> str:
     rng = random.Random(21)
     # passes with the engines apart (twin_pairs.py's gbp, gap) or idle connections held by the direct
     # side (gbi, gai) pair and report among themselves
-    variants = sorted({_variant(r) for r in rows})
-    for conc, (family, kinds), variant in itertools.product(sorted({r["conc"] for r in rows}), FAMILIES.items(),
+    variants = sorted({variant(r) for r in rows})
+    for conc, (family, kinds), v in itertools.product(sorted({r["conc"] for r in rows}), FAMILIES.items(),
                                                             variants):
-        group = [r for r in rows if r["conc"] == conc and r["kind"] in kinds and _variant(r) == variant]
+        group = [r for r in rows if r["conc"] == conc and r["kind"] in kinds and variant(r) == v]
         if not group:
             continue
         lines += [*_heading(conc, family, group), "|---|---|---|---|---|---|---|"]

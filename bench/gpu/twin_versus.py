@@ -17,7 +17,7 @@ import statistics
 import sys
 from functools import cache
 
-from twin_stats import load, swap_pairs
+from twin_stats import load, swap_pairs, variant
 
 MEASURES = (("tokens/s", "output_throughput"), ("TTFT p50", "median_ttft_ms"), ("TTFT p99", "p99_ttft_ms"),
             ("TTFT mean", "mean_ttft_ms"), ("request's life mean", "mean_life_ms"))
@@ -50,7 +50,7 @@ def versus(a_paths: list[str], b_paths: list[str], conc: int, a_idle: int = 0, b
     """The table: each measure's median of swap pairs under each setting and the rank-sum p. Each
     side takes the passes whose direct side held ``a_idle`` / ``b_idle`` idle connections (0: the
     plain ``gb``/``ga``; twin_pairs.py's ``gbi``/``gai`` hold some), engines never apart."""
-    a_rows, b_rows = ([r for r in load(p) if r["conc"] == conc and not r.get("pin") and r.get("direct_idle", 0) == i]
+    a_rows, b_rows = ([r for r in load(p) if r["conc"] == conc and variant(r) == (False, i)]
                       for p, i in ((a_paths, a_idle), (b_paths, b_idle)))
     lines = [f"Swap pairs at {conc} streams, gateway ÷ direct: median (lowest–highest), how many above 1\n",
              "| measure | A | B | rank-sum p, A against B |", "|---|---|---|---|"]
