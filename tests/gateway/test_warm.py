@@ -40,6 +40,17 @@ def _config(fake: FakeVllm) -> dict[str, object]:
             "vllm_instances": [{"host": fake.url, "models": ["m"], "name": "a", "max_num_seqs": LIMIT}]}
 
 
+def _start(tmp_path: Path, procs: list[Proc], warm: bool = True,
+           args: tuple[str, ...] = ()) -> tuple[FakeVllm, Gateway]:
+    """A fake vLLM and a gateway in front of it (warming its connections unless ``warm`` is off),
+    both stopped by ``procs`` after the test."""
+    fake = FakeVllm(tmp_path, ["m"])
+    procs.append(fake)
+    gw = Gateway(tmp_path, _config(fake), env={"FLEET_UPSTREAM_WARM": "true"} if warm else None, args=args)
+    procs.append(gw)
+    return fake, gw
+
+
 def _pool(gw: Gateway) -> dict[str, int]:
     return dict(httpx.get(gw.url + "/fleet", timeout=5).json()["backends"][0]["connections"])
 
@@ -50,10 +61,7 @@ def _chat(gw: Gateway) -> int:
 
 
 def test_requests_find_their_connections_open(tmp_path: Path, procs: list[Proc]) -> None:
-    fake = FakeVllm(tmp_path, ["m"])
-    procs.append(fake)
-    gw = Gateway(tmp_path, _config(fake), env={"FLEET_UPSTREAM_WARM": "true"})
-    procs.append(gw)
+    fake, gw = _start(tmp_path, procs)
     # The limit's worth of connections idle in the gateway's pool, which the backend sees too
     # (plus at most the probes' own).
     assert wait_until(lambda: _pool(gw) == {"open": LIMIT, "idle": LIMIT}, timeout=10), _pool(gw)
@@ -78,10 +86,7 @@ def _held(gw: Gateway) -> dict[str, float]:
 
 
 def test_metrics_show_the_connections_held(tmp_path: Path, procs: list[Proc]) -> None:
-    fake = FakeVllm(tmp_path, ["m"])
-    procs.append(fake)
-    gw = Gateway(tmp_path, _config(fake), env={"FLEET_UPSTREAM_WARM": "true"})
-    procs.append(gw)
+    fake, gw = _start(tmp_path, procs)
     assert wait_until(lambda: _held(gw) == {"open": LIMIT, "idle": LIMIT}, timeout=10), _held(gw)
     fake.configure(latency=2.0)
     with concurrent.futures.ThreadPoolExecutor(2) as ex:
@@ -94,20 +99,14 @@ def test_metrics_show_the_connections_held(tmp_path: Path, procs: list[Proc]) ->
 
 def test_metrics_sum_the_workers_connections(tmp_path: Path, procs: list[Proc]) -> None:
     # Two workers each warm half the limit; a scrape of either shows what the backend holds from both.
-    fake = FakeVllm(tmp_path, ["m"])
-    procs.append(fake)
-    gw = Gateway(tmp_path, _config(fake), env={"FLEET_UPSTREAM_WARM": "true"}, args=["--workers", "2"])
-    procs.append(gw)
+    fake, gw = _start(tmp_path, procs, args=("--workers", "2"))
     assert wait_until(lambda: _held(gw) == {"open": LIMIT, "idle": LIMIT}, timeout=15), _held(gw)
     assert _pool(gw) == {"open": LIMIT // 2, "idle": LIMIT // 2}  # /fleet: the answering worker's own
     assert wait_until(lambda: established_to(fake.port) >= LIMIT, timeout=5), established_to(fake.port)
 
 
 def test_connections_come_back_after_the_backend_restarts(tmp_path: Path, procs: list[Proc]) -> None:
-    fake = FakeVllm(tmp_path, ["m"])
-    procs.append(fake)
-    gw = Gateway(tmp_path, _config(fake), env={"FLEET_UPSTREAM_WARM": "true"})
-    procs.append(gw)
+    fake, gw = _start(tmp_path, procs)
     assert wait_until(lambda: _pool(gw)["idle"] == LIMIT, timeout=10), _pool(gw)
     fake.restart()  # every connection closes with the old process: those counted now are new ones
     assert wait_until(lambda: established_to(fake.port) >= LIMIT, timeout=10), established_to(fake.port)
@@ -116,10 +115,7 @@ def test_connections_come_back_after_the_backend_restarts(tmp_path: Path, procs:
 
 
 def test_off_by_default(tmp_path: Path, procs: list[Proc]) -> None:
-    fake = FakeVllm(tmp_path, ["m"])
-    procs.append(fake)
-    gw = Gateway(tmp_path, _config(fake))
-    procs.append(gw)
+    _, gw = _start(tmp_path, procs, warm=False)
     assert _chat(gw) == 200
     assert not wait_until(lambda: _pool(gw)["open"] > 1, timeout=1.5), _pool(gw)
     assert _pool(gw) == {"open": 1, "idle": 1}  # the one the request opened, kept for the next
