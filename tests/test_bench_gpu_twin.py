@@ -203,18 +203,19 @@ def test_vllm_clocks_give_the_window_means_of_its_histograms() -> None:
     assert in_pass.means(rows, 6.0, 9.0)["running"] == 1  # the gauges' means ignore the sums after them
 
 
-@pytest.mark.parametrize("entry", ["gb", "jb", "gbi"])
+@pytest.mark.parametrize("entry", ["gb", "jb", "gbi", "gbh"])
 def test_one_twin_pass_through_real_sockets(entry: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A ``gb`` pass as twin_pairs.py runs it on the GPU machine, shrunk: two fake vLLMs stand in
     for instances a and b, a real gateway routes ``tiny-b`` to b, and two window_client.py
     processes measure the same seconds. A ``jb`` pass reaches b direct, pausing before each
-    request; in a ``gbi`` pass the direct side also holds idle connections to a."""
+    request; in a ``gbi`` pass the direct side also holds idle connections to a, in a ``gbh`` pass a
+    process of their own holds them."""
     from tests.support.procs import FakeVllm, Gateway, instances
     from tests.support.real_vllm import TINY_MODEL_DIR
     from vllm_fleet.tinymodel import make_tiny_model
 
     twin = _load("twin_pairs")
-    kind, _, idle = twin.split_kind(entry)
+    kind, _, idle_by = twin.split_kind(entry)
     procs: list[Any] = []
     try:
         a = FakeVllm(tmp_path, ["tiny-a"], "--fake-token-delay", "0.002", "--fake-tokens", "32")
@@ -233,7 +234,7 @@ def test_one_twin_pass_through_real_sockets(entry: str, tmp_path: Path, monkeypa
         cpu = sorted(os.sched_getaffinity(0))[0]
         row = twin.one(make_tiny_model(str(TINY_MODEL_DIR)), tmp_path, kind, 4, 0, [cpu, cpu],
                        {"warmup": 0.5, "window": 2.5, "tail": 0.5, "ramp": 0.2}, jitter_ms=60.0,
-                       prof=entry == "gb", direct_idle=3 if idle else 0)
+                       prof=entry == "gb", direct_idle=3 if idle_by else 0, idle_by=idle_by or "client")
         # each side reached its own fake: b's requests came through the gateway, a's straight
         served = (a.stats()["completed"], b.stats()["completed"])
     finally:
@@ -241,8 +242,11 @@ def test_one_twin_pass_through_real_sockets(entry: str, tmp_path: Path, monkeypa
             p.stop()
     other = "gateway:b" if kind == "gb" else "jitter:b"
     assert set(row["sides"]) == {"direct:a", other}
-    if idle:  # each of the 3 answered GET /health and was still open when the pass ended
+    if idle_by:  # each of the 3 answered GET /health and was still open when the pass ended
         assert row["direct_idle"] == 3 and row["sides"]["direct:a"]["idle_held"] == 3, row
+        assert row.get("idle_by", "client") == idle_by
+        # a holder wrote its own file; the client held none of them
+        assert (tmp_path / "sides" / "c4-p0-0.held.json").exists() == (idle_by == "holder")
     else:
         assert "direct_idle" not in row and "idle_held" not in row["sides"]["direct:a"], row
     if entry == "gb":  # py-spy sampled each fake over the window; a fake has no engine core below it
@@ -410,13 +414,15 @@ def test_the_steps_table_sets_each_side_s_engine_beside_the_other() -> None:
     assert "Engine steps a second, gateway ÷ direct, each pass: 0.900 (median 0.900)." in out
 
 
-def test_kinds_take_p_and_i_in_either_order_and_nothing_else() -> None:
+def test_kinds_take_p_and_i_or_h_in_either_order_and_nothing_else() -> None:
     twin = _load("twin_pairs")
-    assert twin.split_kind("gb") == ("gb", False, False)
-    assert twin.split_kind("gap") == ("ga", True, False)
-    assert twin.split_kind("gbi") == ("gb", False, True)
-    assert twin.split_kind("gaip") == twin.split_kind("gapi") == ("ga", True, True)
-    for bad in ("gbx", "gbii", "g"):
+    assert twin.split_kind("gb") == ("gb", False, "")
+    assert twin.split_kind("gap") == ("ga", True, "")
+    assert twin.split_kind("gbi") == ("gb", False, "client")
+    assert twin.split_kind("gaip") == twin.split_kind("gapi") == ("ga", True, "client")
+    assert twin.split_kind("gbh") == ("gb", False, "holder")
+    assert twin.split_kind("gahp") == ("ga", True, "holder")
+    for bad in ("gbx", "gbii", "g", "gbih"):  # the idle ones held by the client or by a holder, not both
         assert twin.split_kind(bad)[0] == bad  # not a kind: run() names it
 
 
@@ -424,12 +430,17 @@ def test_idle_passes_pair_among_themselves_under_their_own_heading() -> None:
     stats = _load("twin_stats")
     plain = [_pass("gb", 100, 100, 0.9), _pass("ga", 100, 100, 0.9)]
     idle = [{**r, "direct_idle": 512} for r in (_pass("gb", 100, 100, 1.1), _pass("ga", 100, 100, 1.1))]
-    out = stats.report([plain[0], idle[0], plain[1], idle[1]])
+    held = [{**r, "direct_idle": 512, "idle_by": "holder"}
+            for r in (_pass("gb", 100, 100, 1.3), _pass("ga", 100, 100, 1.3))]
+    out = stats.report([plain[0], idle[0], held[0], plain[1], idle[1], held[1]])
     heads = [line for line in out.splitlines() if line.startswith("### ")]
     assert heads == ["### 512 streams per side (1 gb, 1 ga, 0 aa passes; 0 requests queued in the gateway)",
                      "### 512 streams per side (1 gb, 1 ga, 0 aa passes; 0 requests queued in the gateway, "
-                     "each direct side holding 512 idle connections)"], out
-    assert "| tokens/s | 0.900 (0.900–0.900), 0 of 1 |" in out and "| tokens/s | 1.100 (1.100–1.100), 1 of 1 |" in out
+                     "each direct side holding 512 idle connections)",
+                     "### 512 streams per side (1 gb, 1 ga, 0 aa passes; 0 requests queued in the gateway, "
+                     "each direct side holding 512 idle connections by a process of their own)"], out
+    for ratio, above in (("0.900", 0), ("1.100", 1), ("1.300", 1)):  # each family paired within itself
+        assert f"| tokens/s | {ratio} ({ratio}–{ratio}), {above} of 1 |" in out, out
 
 
 def test_modes_sort_passes_by_which_side_was_slow_and_test_the_lean() -> None:

@@ -6,7 +6,8 @@ server into the slow mode, windows whose vLLM held more connections would fall i
 A window's vLLM held the gateway's warm pool to that instance (``in_vllm``'s ``conns_open``, the
 gateway's ``/fleet`` each second: the pool reaches every instance, the one the direct client loads
 as well), and on the direct side the client's own streams and the idle connections it held
-(``twin_pairs.py``'s ``gbi``/``gai``, ``idle_held``). Counts are rounded to 256.
+(``twin_pairs.py``'s ``gbi``/``gai``, ``idle_held``), or a process of their own held them
+(``gbh``/``gah``: counted apart). Counts are rounded to 256.
 
     python3 bench/gpu/twin_conns.py --conc 512 --slow-ttft-ms 2400 ROWS...
 """
@@ -22,6 +23,8 @@ from typing import Any
 from twin_modes import fisher_p
 from twin_stats import load
 
+_APART = " in another process"  # twin_pairs.py's gbh/gah: a process of their own held the idle ones
+
 
 def windows(rows: list[dict[str, Any]], conc: int, slow_ms: float) -> list[tuple[int, str, int, bool]]:
     """Each ``gb``/``ga`` window at ``conc``: (its file, its side: gateway, direct or direct holding
@@ -34,7 +37,8 @@ def windows(rows: list[dict[str, Any]], conc: int, slow_ms: float) -> list[tuple
             way = path.split(":")[0]
             pool = r["in_vllm"][path]["conns_open"]
             held = pool + (conc + side.get("idle_held", 0) if way == "direct" else 0)
-            way += " holding idle ones" if side.get("idle_held") else ""
+            if side.get("idle_held"):
+                way += " holding idle ones" + (_APART if r.get("idle_by") == "holder" else "")
             out.append((r["_file"], way, 256 * round(held / 256), side["median_ttft_ms"] > slow_ms))
     return out
 
@@ -42,11 +46,11 @@ def windows(rows: list[dict[str, Any]], conc: int, slow_ms: float) -> list[tuple
 def table(paths: list[str], conc: int, slow_ms: float) -> str:
     ws = windows(load(paths), conc, slow_ms)
     per: dict[tuple[int, str, int], list[bool]] = collections.defaultdict(list)
-    pooled: dict[int, list[bool]] = collections.defaultdict(list)
+    pooled: dict[tuple[int, bool], list[bool]] = collections.defaultdict(list)  # by count, and held apart
     sides: dict[str, list[bool]] = collections.defaultdict(list)
     for f, way, held, slow in ws:
         per[(f, way, held)].append(slow)
-        pooled[held].append(slow)
+        pooled[(held, way.endswith(_APART))].append(slow)
         sides[way].append(slow)
     lines = [f"Windows at {conc} streams with TTFT p50 above {slow_ms:g} ms, by the connections their vLLM held\n",
              "| run | side | connections | slow windows |", "|---|---|---|---|"]
@@ -54,10 +58,10 @@ def table(paths: list[str], conc: int, slow_ms: float) -> str:
               for (f, way, held), s in sorted(per.items())]
     lines += ["", "| connections | slow windows, all runs | against every other window: Fisher p |", "|---|---|---|"]
     total, n = sum(s for _, _, _, s in ws), len(ws)
-    for held, s in sorted(pooled.items()):
+    for (held, apart), s in sorted(pooled.items()):
         a, m = sum(s), len(s)
         p = _p(fisher_p(a, m, total - a, n - m)) if m < n else "—"
-        lines.append(f"| {held:,} | {a} of {m} ({a / m:.0%}) | {p} |")
+        lines.append(f"| {held:,}{' (idle ones' + _APART + ')' if apart else ''} | {a} of {m} ({a / m:.0%}) | {p} |")
     lines += ["", "| side | slow windows, all runs |", "|---|---|"]
     lines += [f"| {way} | {sum(s)} of {len(s)} ({sum(s) / len(s):.0%}) |" for way, s in sorted(sides.items())]
     if (g := sides.get("gateway")) and (d := sides.get("direct")):

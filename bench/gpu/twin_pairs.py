@@ -26,7 +26,10 @@ use (window_client.py, one process each), measured over the same seconds:
   holds ``--direct-idle`` connections to its instance, used once and left idle
   (window_client.py's ``--idle``). Meant to match the gateway's warm pool on the other side; but
   the pool reaches both instances, so this raises the direct side's vLLM from 1,536 connections
-  to 2,048 against the gateway side's 1,024 (results/twin-idle-h200x2).
+  to 2,048 against the gateway side's 1,024 (results/twin-idle-h200x2);
+- ``gbh`` / ``gah`` (a trailing ``h``): the same idle connections held by a process of their own
+  (window_client.py ``--conc 0``) on the client's core: whether vLLM's slow mode at 2,048 was the
+  connections at vLLM or the client's loop holding them beside its streams.
 
 Whatever the host does during a pass (its other tenants, clocks, the other instance), both sides
 see. A difference between the two GPUs cancels between a ``gb`` and the ``ga`` next to it
@@ -74,13 +77,14 @@ _QUEUED = re.compile(r"^fleet_queue_wait_seconds_count\{[^}]*\} (\S+)$", re.M)
 _BUSY = re.compile(r"^vllm:num_requests_(?:running|waiting)\{[^}]*\} (\S+)$", re.M)
 
 
-def split_kind(kind: str) -> tuple[str, bool, bool]:
-    """``--kinds``' entry as (the kind of pass, whether the engines run apart, whether each direct
-    side holds idle connections): ``gbp`` -> (gb, True, False), ``gai`` -> (ga, False, True)."""
+def split_kind(kind: str) -> tuple[str, bool, str]:
+    """``--kinds``' entry as (the kind of pass, whether the engines run apart, who holds each direct
+    side's idle connections: "" none, "client" or "holder"): ``gbp`` -> (gb, True, ""),
+    ``gai`` -> (ga, False, "client"), ``gbh`` -> (gb, False, "holder")."""
     flags = kind[2:]
-    if len(kind) < 2 or len(set(flags)) != len(flags) or set(flags) - {"p", "i"}:
-        return kind, False, False  # not a kind: run's check names it
-    return kind[:2], "p" in flags, "i" in flags
+    if len(kind) < 2 or len(set(flags)) != len(flags) or set(flags) - {"p", "i", "h"} or {"i", "h"} <= set(flags):
+        return kind, False, ""  # not a kind: run's check names it
+    return kind[:2], "p" in flags, "client" if "i" in flags else "holder" if "h" in flags else ""
 
 
 def sides(kind: str) -> list[tuple[str, str, str]]:
@@ -162,7 +166,9 @@ def profile(w: Path, pids: dict[str, int], name: str, delay: float, seconds: flo
 
 def one(model_dir: str, w: Path, kind: str, conc: int, n: int, clients: list[int],
         timing: dict[str, float], jitter_ms: float = 0.0, apart: bool = False,
-        prof: bool = False, direct_idle: int = 0) -> dict[str, Any]:
+        prof: bool = False, direct_idle: int = 0, idle_by: str = "client") -> dict[str, Any]:
+    """One pass; ``direct_idle`` connections held idle at each direct side's instance, by its
+    client's loop (``idle_by`` "client") or by a process of their own ("holder")."""
     listed = instances()
     pids = {name: i["pid"] for name, i in listed.items() if name in PORTS and i.get("pid")}
     gw_pid = listed.get("gateway", {}).get("pid")
@@ -173,18 +179,25 @@ def one(model_dir: str, w: Path, kind: str, conc: int, n: int, clients: list[int
     sampler = Sampler({i: f"http://127.0.0.1:{p}" for i, p in PORTS.items()}, GW, t0, pids=pids,
                       gpus={i: k for k, i in enumerate(PORTS)})  # as start() placed them
     sampler.start()
-    procs = []
+    procs, holders = [], []
     (w / "sides").mkdir(exist_ok=True)  # apart: a device call returns few files
     for k, (path, base, served) in enumerate(sides(kind)):
         cpu = clients[(k + n) % 2]  # the client cores swap every pass too
         out = w / "sides" / f"c{conc}-p{n}-{k}.json"
+        idle = direct_idle if path.startswith("direct") else 0
         cmd = [sys.executable, str(HERE / "window_client.py"), "--base", base, "--model", served,
                "--tokenizer", model_dir, "--conc", str(conc), "--t0", str(t0), "--seed", str(1000 * n + k),
                "--out", str(out),
                *(f"--{key}={v}" for key, v in timing.items()),
                *([f"--jitter-ms={jitter_ms}"] if path.startswith("jitter") else []),
-               *([f"--idle={direct_idle}"] if direct_idle and path.startswith("direct") else [])]
+               *([f"--idle={idle}"] if idle and idle_by == "client" else [])]
         procs.append((path, cpu, out, subprocess.Popen(cmd, preexec_fn=lambda c=cpu: os.sched_setaffinity(0, {c}))))
+        if idle and idle_by == "holder":
+            held = out.with_suffix(".held.json")  # --conc 0: hold the idle connections, nothing else
+            holder = list(cmd)
+            holder[holder.index("--conc") + 1], holder[holder.index("--out") + 1] = "0", str(held)
+            holders.append((path, held, subprocess.Popen(
+                [*holder, f"--idle={idle}"], preexec_fn=lambda c=cpu: os.sched_setaffinity(0, {c}))))
     window_in = t0 + timing["warmup"] - time.monotonic()
     spies = profile(w, pids, f"c{conc}-p{n}", window_in, timing["window"]) if prof else {}
     row: dict[str, Any] = {"conc": conc, "pass": n, "kind": kind, "drain_s": drained, "timing": timing, "sides": {}}
@@ -194,9 +207,14 @@ def one(model_dir: str, w: Path, kind: str, conc: int, n: int, clients: list[int
         row["pin"] = pinned
     if direct_idle:
         row["direct_idle"] = direct_idle
+        if idle_by == "holder":
+            row["idle_by"] = idle_by
     for path, cpu, out, proc in procs:
         rc = proc.wait()
         row["sides"][path] = {**(json.loads(out.read_text()) if rc == 0 else {"rc": rc}), "client_cpu": cpu}
+    for path, held, proc in holders:
+        rc = proc.wait()
+        row["sides"][path].update(json.loads(held.read_text()) if rc == 0 else {"holder_rc": rc})
     span = time.monotonic() - t0
     samples = sampler.stop()
     if prof:
@@ -229,9 +247,9 @@ def run(model_dir: str, w: Path, concs: list[int], passes: int, timing: dict[str
     for conc in concs:
         done = sum(1 for r in rows if r["conc"] == conc)  # a second run goes on with the cycle
         for n in range(done, done + passes):
-            kind, apart, idle = split_kind(kinds[(n - done) % len(kinds)])
+            kind, apart, idle_by = split_kind(kinds[(n - done) % len(kinds)])
             rows.append(one(model_dir, w, kind, conc, n, clients, timing, jitter_ms, apart=apart, prof=prof,
-                            direct_idle=direct_idle if idle else 0))
+                            direct_idle=direct_idle if idle_by else 0, idle_by=idle_by or "client"))
             rows_path.write_text(json.dumps(rows, indent=1))
     return rows
 
@@ -252,7 +270,8 @@ def main() -> None:
     ap.add_argument("--jitter-ms", type=float, default=50.0, help="run: the jitter side's pause before each request")
     ap.add_argument("--direct-idle", type=int, default=512,
                     help="run: in a pass whose kind ends in i (gbi, gai), each direct side's client also holds this "
-                    "many idle connections to its instance, as the gateway's warm pool does")
+                    "many idle connections to its instance, as the gateway's warm pool does; in h (gbh, gah) a "
+                    "process of their own holds them")
     ap.add_argument("--profile", action="store_true",
                     help="run: py-spy on each instance's API server and engine core over the window (prof.py)")
     ap.add_argument("--vllm-args", help="start: each instance's vLLM arguments, in place of --enforce-eager "

@@ -8,6 +8,8 @@
 #   bash bench/gpu/twin_run.sh run --conc 512 --passes 2 --kinds jb,ja --jitter-ms 50     # direct both, one side's arrivals spread
 #   bash bench/gpu/twin_run.sh run --conc 512 --passes 8 --kinds gb,ga,gbi,gai     # i: the direct side also holds
 #                                                       # --direct-idle (512) idle connections, as the gateway's pool
+#   bash bench/gpu/twin_run.sh run --conc 512 --passes 8 --kinds gb,ga,gbh,gah     # h: the same idle connections held
+#                                                       # by a process of their own (window_client.py --conc 0)
 #   bash bench/gpu/twin_run.sh stop                     # stop `up`, twin_stats.py's tables
 # With the 2.8 B random-weight model (far more GPU work per token than the tiny one), made on the GPU first:
 #   (. bench/gpu/kit.sh; python3 -m vllm_fleet.cli make-tiny-model /tmp/m28 --hidden 3072 --layers 28 --heads 24 \

@@ -337,7 +337,8 @@ def _heading(conc: int, family: str, group: list[dict[str, Any]]) -> list[str]:
     # what marks this group out (variant()), said after the pass counts
     marks = ", each engine core loop on a CPU of its own" if group[0].get("pin") else ""
     if idle := group[0].get("direct_idle"):
-        marks += f", each direct side holding {idle:,} idle connections"
+        by = " by a process of their own" if group[0].get("idle_by") == "holder" else ""
+        marks += f", each direct side holding {idle:,} idle connections{by}"
     n = {k: sum(1 for r in group if r["kind"] == k) for k in kinds}
     if family == "gateway":
         title = (f"{conc:,} streams per side ({n['gb']} gb, {n['ga']} ga, {n['aa']} aa passes; "
@@ -354,16 +355,18 @@ def _heading(conc: int, family: str, group: list[dict[str, Any]]) -> list[str]:
             "| swap pairs for ±1 % / ±5 % |"]
 
 
-def variant(row: dict[str, Any]) -> tuple[bool, int]:
-    """What a pass was run with besides its kind: the engines apart, idle connections on the direct side."""
-    return bool(row.get("pin")), row.get("direct_idle", 0)
+def variant(row: dict[str, Any]) -> tuple[bool, int, str]:
+    """What a pass was run with besides its kind: the engines apart, idle connections on the direct
+    side, and who held them ("client", "holder"; "" for none)."""
+    idle = row.get("direct_idle", 0)
+    return bool(row.get("pin")), idle, row.get("idle_by", "client") if idle else ""
 
 
 def report(rows: list[dict[str, Any]], slow_ms: float | None = None) -> str:
     lines = []
     rng = random.Random(21)
-    # passes with the engines apart (twin_pairs.py's gbp, gap) or idle connections held by the direct
-    # side (gbi, gai) pair and report among themselves
+    # passes with the engines apart (twin_pairs.py's gbp, gap) or idle connections held at the direct
+    # side (gbi, gai; gbh, gah) pair and report among themselves
     variants = sorted({variant(r) for r in rows})
     for conc, (family, kinds), v in itertools.product(sorted({r["conc"] for r in rows}), FAMILIES.items(),
                                                             variants):

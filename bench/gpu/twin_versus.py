@@ -8,6 +8,7 @@ this prints the exact two-sided rank-sum (Mann-Whitney) p beside it.
 
     python3 bench/gpu/twin_versus.py --conc 512 --a ROWS... --b ROWS...
     python3 bench/gpu/twin_versus.py --conc 512 --a ROWS --b ROWS --b-idle 512   # one run's gb/ga against its gbi/gai
+    python3 bench/gpu/twin_versus.py --conc 512 --a ROWS --b ROWS --b-idle 512 --b-by holder   # ... its gbh/gah
 """
 
 from __future__ import annotations
@@ -46,12 +47,14 @@ def rank_sum_p(xs: list[float], ys: list[float]) -> float:
     return min(1.0, 2 * min(low, high))
 
 
-def versus(a_paths: list[str], b_paths: list[str], conc: int, a_idle: int = 0, b_idle: int = 0) -> str:
+def versus(a_paths: list[str], b_paths: list[str], conc: int, a_idle: int = 0, b_idle: int = 0,
+           a_by: str = "client", b_by: str = "client") -> str:
     """The table: each measure's median of swap pairs under each setting and the rank-sum p. Each
     side takes the passes whose direct side held ``a_idle`` / ``b_idle`` idle connections (0: the
-    plain ``gb``/``ga``; twin_pairs.py's ``gbi``/``gai`` hold some), engines never apart."""
-    a_rows, b_rows = ([r for r in load(p) if r["conc"] == conc and variant(r) == (False, i)]
-                      for p, i in ((a_paths, a_idle), (b_paths, b_idle)))
+    plain ``gb``/``ga``; twin_pairs.py's ``gbi``/``gai`` hold some in the client, ``a_by`` /
+    ``b_by`` "client"; ``gbh``/``gah`` in a process of their own, "holder"), engines never apart."""
+    a_rows, b_rows = ([r for r in load(p) if r["conc"] == conc and variant(r) == (False, i, by if i else "")]
+                      for p, i, by in ((a_paths, a_idle, a_by), (b_paths, b_idle, b_by)))
     lines = [f"Swap pairs at {conc} streams, gateway ÷ direct: median (lowest–highest), how many above 1\n",
              "| measure | A | B | rank-sum p, A against B |", "|---|---|---|---|"]
     for name, key in MEASURES:
@@ -71,8 +74,12 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--b", nargs="+", required=True, help="the other setting's")
     ap.add_argument("--a-idle", type=int, default=0, help="A's passes whose direct side held this many idle ones")
     ap.add_argument("--b-idle", type=int, default=0, help="B's alike (512: a run's gbi/gai passes)")
+    for side in ("a", "b"):
+        ap.add_argument(f"--{side}-by", choices=["client", "holder"], default="client",
+                        help=f"who held {side.upper()}'s idle connections: the client (gbi/gai) or a process "
+                        "of their own (gbh/gah)")
     a = ap.parse_args(argv)
-    print(versus(a.a, a.b, a.conc, a.a_idle, a.b_idle))
+    print(versus(a.a, a.b, a.conc, a.a_idle, a.b_idle, a.a_by, a.b_by))
 
 
 if __name__ == "__main__":

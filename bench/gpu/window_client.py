@@ -28,7 +28,9 @@ of the loop on average, which ``mean_in_flight`` shows.
 ``--idle N`` opens N more connections to the server before the streams start, sends one
 ``GET /health`` on each and holds them idle to the end (``idle_held``: how many the server had not
 closed by then): a direct side that presents vLLM as many connections as the gateway's warm pool
-does on the other side (twin_pairs.py's ``i`` passes).
+does on the other side (twin_pairs.py's ``i`` passes). With ``--conc 0`` the process only holds
+them, from before t0 to the tail's end, and writes ``idle_held`` alone: the same connections at the
+server, held by a process of their own instead of the client's loop (twin_pairs.py's ``h`` passes).
 
 Figures: output tokens/s (tokens received inside the window ÷ its length, by vLLM's running
 ``completion_tokens`` in each chunk, which it adds with ``continuous_usage_stats``; a server without
@@ -260,6 +262,16 @@ async def loop(a: argparse.Namespace) -> dict[str, Any]:
             "client_cpu_s": round(_cpu() - cpu0, 2)}
 
 
+async def hold(a: argparse.Namespace) -> dict[str, Any]:
+    """``--conc 0``: the idle connections alone, held through the pass as the client holds them."""
+    held = await hold_idle(a.base, a.idle)
+    await asyncio.sleep(max(0.0, a.t0 + a.warmup + a.window + a.tail - time.monotonic()))
+    figures = {"idle_held": sum(not r.at_eof() for r, _ in held)}
+    for _, w in held:
+        w.close()
+    return figures
+
+
 def _cpu() -> float:
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
@@ -270,7 +282,7 @@ def main() -> None:
     ap.add_argument("--base", required=True)
     ap.add_argument("--model", required=True, help="the served model name to ask for")
     ap.add_argument("--tokenizer", required=True, help="a model directory with tokenizer.json")
-    ap.add_argument("--conc", type=int, required=True)
+    ap.add_argument("--conc", type=int, required=True, help="streams; 0: hold --idle connections only")
     ap.add_argument("--t0", type=float, required=True, help="time.monotonic() to start at (both sides alike)")
     ap.add_argument("--warmup", type=float, default=10.0)
     ap.add_argument("--window", type=float, default=30.0)
@@ -285,7 +297,7 @@ def main() -> None:
     a = ap.parse_args()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)  # a socket per stream: 1,024 streams pass 1,024 files
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 65536)), hard))
-    Path(a.out).write_text(json.dumps(asyncio.run(loop(a)), indent=1))
+    Path(a.out).write_text(json.dumps(asyncio.run(loop(a) if a.conc else hold(a)), indent=1))
 
 
 if __name__ == "__main__":
