@@ -71,3 +71,12 @@ def test_the_write_up_matches_its_rows(capsys: pytest.CaptureFixture[str]) -> No
                  "| the direct side's only | 4 |",
                  "Sign test on the 13 passes with one side slow: p = 0.27."):
         assert line in pooled, line
+
+
+def test_the_pool_at_512_against_every_plain_pair_at_1024(capsys: pytest.CaptureFixture[str]) -> None:
+    """twin-pool512's later paragraph, README's Limits and docs/gateway.md quote these."""
+    _load("twin_versus").main(["--conc", "512", "--a", *DEFAULTS_512, IDLE, HOLDER,
+                               "--b", str(RESULTS / "twin-pool512-h200x2/rows.json.gz")])
+    out = capsys.readouterr().out
+    assert "| tokens/s | 1.014 (0.864–1.103), 15 of 23 | 0.987 (0.840–1.065), 3 of 11 | 0.19 |" in out
+    assert "| TTFT p50 | 1.131 (0.495–1.867), 14 of 23 | 0.923 (0.379–1.669), 4 of 11 | 0.11 |" in out
