@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -80,3 +81,40 @@ def test_the_pool_at_512_against_every_plain_pair_at_1024(capsys: pytest.Capture
     out = capsys.readouterr().out
     assert "| tokens/s | 1.014 (0.864–1.103), 15 of 23 | 0.987 (0.840–1.065), 3 of 11 | 0.19 |" in out
     assert "| TTFT p50 | 1.131 (0.495–1.867), 14 of 23 | 0.923 (0.379–1.669), 4 of 11 | 0.11 |" in out
+
+
+def _window(kind: str, running: dict[str, list[float]], ttft: dict[str, float]) -> dict[str, Any]:
+    """A pass at 512 whose sides' vLLMs ran ``running[instance]`` requests in each second since t0."""
+    paths = {"gb": ("gateway:b", "direct:a"), "ga": ("gateway:a", "direct:b")}[kind]
+    return {"conc": 512, "kind": kind, "_file": 0,
+            "sides": {p: {"median_ttft_ms": ttft[p.split(":")[1]]} for p in paths},
+            "samples": {i: [[float(t), v, 0.0, 0.0, 0.0] for t, v in enumerate(vs)] for i, vs in running.items()}}
+
+
+def test_onset_bins_fast_and_slow_windows_and_counts_falls_by_side() -> None:
+    onset = _load("twin_onset")
+    steady, falls, recovers = [400.0] * 20, [400.0] * 10 + [200.0] * 10, [400.0] * 10 + [200.0] * 5 + [400.0] * 5
+    rows = [_window("gb", {"a": steady, "b": falls}, {"a": 1000, "b": 3000}),
+            _window("ga", {"a": recovers, "b": steady}, {"a": 1000, "b": 1000}),
+            {**_window("gb", {"a": falls, "b": falls}, {"a": 3000, "b": 3000}), "conc": 256}]  # not counted
+    per = onset.binned(rows, 512, 2400, 5.0, 20.0)
+    assert [b["running"] for b in per[True]] == [[400.0], [400.0], [200.0], [200.0]]  # b's slow window
+    assert [sorted(b["running"]) for b in per[False]] == [[400.0] * 3, [400.0] * 3, [200.0, 400.0, 400.0],
+                                                          [400.0] * 3]
+    assert all(not b["api_cpu"] for b in per[True])  # samples without the engine's columns: no figure
+    got = onset.falls(rows, 512, 5.0, 20.0, 280, 370)
+    # the gateway's sides: b fell at 10 s and stayed, a fell at 10 s and came back; direct never fell
+    assert got == {"gateway": {"windows": 2, "fell": [10.0, 10.0], "back": 1},
+                   "direct": {"windows": 2, "fell": [], "back": 0}}
+
+
+def test_onset_write_up_figures(capsys: pytest.CaptureFixture[str]) -> None:
+    """twin-holder's write-up quotes twin_onset.py over every run at 512 with its samples."""
+    _load("twin_onset").main([*DEFAULTS_512, str(RESULTS / "twin-pool512-h200x2/rows.json.gz"), IDLE, HOLDER])
+    out = capsys.readouterr().out
+    for line in ("means over 136 fast and 44 slow windows", "| 5–10 | 397 / 370 |", "| 15–20 | 404 / 294 |",
+                 "| 25–30 | 408 / 233 |", "| 50–55 | 368 / 209 | 160.7 / 188.0 | 326 / 148 | 1.03 / 1.05 |",
+                 "| direct | 90 | 36 | 10: 8, 15: 12, 20: 4, 30: 3, 35: 1, 40: 3, 45: 1, 50: 4 | 8 |",
+                 "| gateway | 90 | 41 | 10: 7, 15: 10, 20: 7, 25: 2, 30: 1, 35: 4, 40: 2, 45: 5, 50: 3 | 7 |"):
+        assert line in out, line
+    assert _load("twin_modes").fisher_p(41, 90, 36, 90) == pytest.approx(0.547, abs=1e-3)
