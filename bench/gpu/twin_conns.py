@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from twin_modes import fisher_p
-from twin_stats import load
+from twin_stats import gateway_windows, load
 
 _APART = " in another process"  # twin_pairs.py's gbh/gah: a process of their own held the idle ones
 
@@ -30,16 +30,13 @@ def windows(rows: list[dict[str, Any]], conc: int, slow_ms: float) -> list[tuple
     """Each ``gb``/``ga`` window at ``conc``: (its file, its side: gateway, direct or direct holding
     idle connections, its vLLM's connections rounded to 256, whether it was slow)."""
     out = []
-    for r in rows:
-        if r["conc"] != conc or r["kind"] not in ("gb", "ga"):
-            continue
-        for path, side in r["sides"].items():
-            way = path.split(":")[0]
-            pool = r["in_vllm"][path]["conns_open"]
-            held = pool + (conc + side.get("idle_held", 0) if way == "direct" else 0)
-            if side.get("idle_held"):
-                way += " holding idle ones" + (_APART if r.get("idle_by") == "holder" else "")
-            out.append((r["_file"], way, 256 * round(held / 256), side["median_ttft_ms"] > slow_ms))
+    for r, path, side in gateway_windows(rows, conc):
+        way = path.split(":")[0]
+        pool = r["in_vllm"][path]["conns_open"]
+        held = pool + (conc + side.get("idle_held", 0) if way == "direct" else 0)
+        if side.get("idle_held"):
+            way += " holding idle ones" + (_APART if r.get("idle_by") == "holder" else "")
+        out.append((r["_file"], way, 256 * round(held / 256), side["median_ttft_ms"] > slow_ms))
     return out
 
 

@@ -18,21 +18,12 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-from collections.abc import Iterator
 from typing import Any
 
 from in_pass import engine, instance, means
-from twin_stats import load
+from twin_stats import gateway_windows, load
 
 FIGURES = {"running": 0, "steps_per_s": 1, "tokens_per_step": 0, "api_cpu": 2}  # each with its decimals
-
-
-def _windows(rows: list[dict[str, Any]], conc: int) -> Iterator[tuple[str, dict[str, Any], list[list[float]]]]:
-    """Each ``gb``/``ga`` side at ``conc``: its path, its client's figures, its vLLM's samples."""
-    for r in rows:
-        if r["conc"] == conc and r["kind"] in ("gb", "ga"):
-            for path, side in r["sides"].items():
-                yield path, side, r["samples"][instance(path)]
 
 
 def binned(rows: list[dict[str, Any]], conc: int, slow_ms: float, width: float,
@@ -42,7 +33,8 @@ def binned(rows: list[dict[str, Any]], conc: int, slow_ms: float, width: float,
     n = int(end // width)
     out: dict[bool, list[dict[str, list[float]]]] = {m: [{f: [] for f in FIGURES} for _ in range(n)]
                                                      for m in (False, True)}
-    for _, side, samples in _windows(rows, conc):
+    for r, path, side in gateway_windows(rows, conc):
+        samples = r["samples"][instance(path)]
         bins = out[side["median_ttft_ms"] > slow_ms]
         for k in range(n):
             a, b = k * width, (k + 1) * width
@@ -58,7 +50,8 @@ def falls(rows: list[dict[str, Any]], conc: int, width: float, end: float, low: 
     """By side (gateway, direct): windows, how many fell below ``low`` running in a bin from 10 s
     on, the start of the bin each first did, and how many came back to ``high`` or more."""
     out: dict[str, dict[str, Any]] = {}
-    for path, _, samples in _windows(rows, conc):
+    for r, path, _ in gateway_windows(rows, conc):
+        samples = r["samples"][instance(path)]
         way = out.setdefault(path.split(":")[0], {"windows": 0, "fell": [], "back": 0})
         way["windows"] += 1
         run = [(means(samples, k * width, (k + 1) * width) or {}).get("running") for k in range(int(end // width))]
@@ -74,7 +67,8 @@ def table(paths: list[str], conc: int, slow_ms: float, width: float, end: float,
           high: float = 370) -> str:
     rows = load(paths)
     per = binned(rows, conc, slow_ms, width, end)
-    counts = {m: sum((side["median_ttft_ms"] > slow_ms) == m for _, side, _ in _windows(rows, conc)) for m in per}
+    counts = {m: sum((side["median_ttft_ms"] > slow_ms) == m for _, _, side in gateway_windows(rows, conc))
+              for m in per}
     lines = [f"vLLM over the pass at {conc} streams, means over {counts[False]} fast and {counts[True]} slow "
              f"windows (TTFT p50 above {slow_ms:g} ms), in bins of {width:g} s since the pass's start\n",
              "| s since start | running: fast / slow | engine steps a second | tokens a step | API server CPU |",

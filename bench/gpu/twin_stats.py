@@ -34,7 +34,7 @@ import math
 import random
 import statistics
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -401,6 +401,14 @@ def report(rows: list[dict[str, Any]], slow_ms: float | None = None) -> str:
         if slow_ms is not None and family == "gateway":
             lines += modes_table(group, slow_ms)
     return "\n".join(lines)
+
+
+def gateway_windows(rows: list[dict[str, Any]], conc: int) -> Iterator[tuple[dict[str, Any], str, dict[str, Any]]]:
+    """Each side of every ``gb``/``ga`` pass at ``conc``: (its pass, its path, its client's figures)."""
+    for r in rows:
+        if r["conc"] == conc and r["kind"] in ("gb", "ga"):
+            for path, side in r["sides"].items():
+                yield r, path, side
 
 
 def load(paths: list[str]) -> list[dict[str, Any]]:
