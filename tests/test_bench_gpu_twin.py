@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.bench_gpu import DEFAULTS_512, RESULTS
+from tests.support.bench_gpu import DEFAULTS_512, POOL512, RESULTS, printed
 from tests.support.bench_gpu import load as _load
 
 
@@ -287,8 +287,7 @@ def test_one_twin_pass_through_real_sockets(entry: str, tmp_path: Path, monkeypa
 
 def _report(capsys: pytest.CaptureFixture[str], *rows_files: str) -> str:
     """What ``twin_stats.py`` prints over committed rows files (paths under bench/gpu/results)."""
-    _load("twin_stats").main([str(RESULTS / f) for f in rows_files])
-    return capsys.readouterr().out
+    return printed(capsys, "twin_stats", [str(RESULTS / f) for f in rows_files])
 
 
 def test_the_long_run_write_up_matches_its_rows(capsys: pytest.CaptureFixture[str]) -> None:
@@ -472,8 +471,7 @@ def test_the_defaults_write_up_matches_its_rows(capsys: pytest.CaptureFixture[st
     first = _report(capsys, "twin-defaults-h200x2/rows.json.gz")
     assert "| tokens/s | 0.967 (0.929–1.040), 2 of 5 |" in first
     assert "| tokens/s | 1.032 (0.976–1.110), 2 of 4 |" in first
-    _load("twin_stats").main(["--slow-ttft-ms", "2400", *DEFAULTS_512])
-    every = capsys.readouterr().out
+    every = printed(capsys, "twin_stats", ["--slow-ttft-ms", "2400", *DEFAULTS_512])
     assert "| tokens/s | 1.002 (0.942–1.019), 6 of 12 |" in every
     assert "| TTFT p50 | 1.200 (0.969–1.589), 8 of 12 |" in every
     assert "| neither | 16 | 1.022 (0.788–1.409) |" in every
@@ -496,17 +494,14 @@ def test_rank_sum_p_is_the_exact_two_sided_mann_whitney() -> None:
 def test_the_pool512_write_up_matches_its_rows(capsys: pytest.CaptureFixture[str]) -> None:
     """twin-pool512-h200x2's README quotes twin_stats.py over its rows and twin_versus.py against
     twin-defaults-h200x2's 512 passes."""
-    _load("twin_stats").main(["--slow-ttft-ms", "2400", str(RESULTS / "twin-pool512-h200x2/rows.json.gz")])
-    out = capsys.readouterr().out
+    out = printed(capsys, "twin_stats", ["--slow-ttft-ms", "2400", POOL512])
     assert "| tokens/s | 0.987 (0.952–1.023), 3 of 11 |" in out
     assert "| TTFT p50 | 0.923 (0.712–1.013), 4 of 11 |" in out
     assert "| neither | 18 | 0.932 (0.377–1.663) |" in out
     assert "| the gateway's only | 2 | 2.500 (2.262–2.737) |" in out
     assert "| the direct side's only | 0 | — |" in out
     assert "(median -5)" in out
-    _load("twin_versus").main(["--conc", "512", "--a", *DEFAULTS_512,
-                               "--b", str(RESULTS / "twin-pool512-h200x2/rows.json.gz")])
-    out = capsys.readouterr().out
+    out = printed(capsys, "twin_versus", ["--conc", "512", "--a", *DEFAULTS_512, "--b", POOL512])
     assert "| tokens/s | 1.002 (0.864–1.042), 6 of 12 | 0.987 (0.840–1.065), 3 of 11 | 0.93 |" in out
     assert "| TTFT p50 | 1.200 (0.723–1.867), 8 of 12 | 0.923 (0.379–1.669), 4 of 11 | 0.07 |" in out
     assert "| TTFT mean | 1.193 (0.698–1.705), 9 of 12 | 0.993 (0.423–1.610), 5 of 11 | 0.10 |" in out

@@ -6,30 +6,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.support.bench_gpu import DEFAULTS_512, RESULTS
+from tests.support.bench_gpu import DEFAULTS_512, IDLE, POOL512, conns_pass, printed
 from tests.support.bench_gpu import load as _load
-
-IDLE = str(RESULTS / "twin-idle-h200x2/rows.json.gz")
-
-
-def _pass(kind: str, gateway: tuple[float, float], direct: tuple[float, float], pool: float = 1024,
-          idle: int = 0) -> dict[str, Any]:
-    """A ``gb``/``ga`` pass at 512: each side's (tokens/s, TTFT p50 ms), the gateway's pool to each
-    instance, and idle connections held by the direct side's client."""
-    g, d = {"gb": ("gateway:b", "direct:a"), "ga": ("gateway:a", "direct:b")}[kind]
-    direct: dict[str, Any] = {"output_throughput": direct[0], "median_ttft_ms": direct[1]}
-    if idle:
-        direct["idle_held"] = idle
-    row: dict[str, Any] = {"conc": 512, "kind": kind, "queued": 0,
-                           "sides": {g: {"output_throughput": gateway[0], "median_ttft_ms": gateway[1]}, d: direct},
-                           "in_vllm": {g: {"conns_open": pool}, d: {"conns_open": pool}}}
-    if idle:
-        row["direct_idle"] = idle
-    return row
 
 
 def test_fisher_p_is_the_exact_two_sided_test() -> None:
@@ -44,10 +25,10 @@ def test_fisher_p_is_the_exact_two_sided_test() -> None:
 
 def test_windows_count_the_pool_and_the_direct_clients_connections() -> None:
     conns = _load("twin_conns")
-    rows = [{**_pass("gb", (1, 3000), (1, 1000)), "_file": 0},
-            {**_pass("ga", (1, 1000), (1, 2500), idle=512), "_file": 0},
-            {**_pass("gb", (1, 1000), (1, 1000), pool=512), "_file": 1},
-            {**_pass("gb", (1, 9000), (1, 9000)), "conc": 256, "_file": 1},  # another concurrency
+    rows = [{**conns_pass("gb", (1, 3000), (1, 1000)), "_file": 0},
+            {**conns_pass("ga", (1, 1000), (1, 2500), idle=512), "_file": 0},
+            {**conns_pass("gb", (1, 1000), (1, 1000), pool=512), "_file": 1},
+            {**conns_pass("gb", (1, 9000), (1, 9000)), "conc": 256, "_file": 1},  # another concurrency
             {"conc": 512, "kind": "aa", "sides": {}, "_file": 1}]  # no gateway in an aa pass
     assert conns.windows(rows, 512, 2400) == [
         (0, "gateway", 1024, True), (0, "direct", 1536, False),
@@ -58,8 +39,9 @@ def test_windows_count_the_pool_and_the_direct_clients_connections() -> None:
 def test_the_table_pools_runs_by_connections(tmp_path: Path) -> None:
     conns = _load("twin_conns")
     one, two = tmp_path / "one" / "rows.json", tmp_path / "two" / "rows.json"
-    for path, rows in ((one, [_pass("gb", (1, 3000), (1, 1000)), _pass("ga", (1, 3000), (1, 3000), idle=512)]),
-                       (two, [_pass("gb", (1, 1000), (1, 1000), pool=512)])):
+    for path, rows in ((one, [conns_pass("gb", (1, 3000), (1, 1000)),
+                              conns_pass("ga", (1, 3000), (1, 3000), idle=512)]),
+                       (two, [conns_pass("gb", (1, 1000), (1, 1000), pool=512)])):
         path.parent.mkdir()
         path.write_text(json.dumps(rows))
     out = conns.table([str(one), str(two)], 512, 2400)
@@ -74,18 +56,16 @@ def test_the_table_pools_runs_by_connections(tmp_path: Path) -> None:
 def test_versus_keeps_one_runs_plain_and_idle_passes_apart(tmp_path: Path,
                                                            capsys: pytest.CaptureFixture[str]) -> None:
     rows = tmp_path / "rows.json"
-    rows.write_text(json.dumps([_pass("gb", (900, 1), (1000, 1)), _pass("ga", (900, 1), (1000, 1)),
-                                _pass("gb", (1200, 1), (1000, 1), idle=512),
-                                _pass("ga", (1200, 1), (1000, 1), idle=512)]))
-    _load("twin_versus").main(["--conc", "512", "--a", str(rows), "--b", str(rows), "--b-idle", "512"])
-    out = capsys.readouterr().out
+    rows.write_text(json.dumps([conns_pass("gb", (900, 1), (1000, 1)), conns_pass("ga", (900, 1), (1000, 1)),
+                                conns_pass("gb", (1200, 1), (1000, 1), idle=512),
+                                conns_pass("ga", (1200, 1), (1000, 1), idle=512)]))
+    out = printed(capsys, "twin_versus", ["--conc", "512", "--a", str(rows), "--b", str(rows), "--b-idle", "512"])
     assert "| tokens/s | 0.900 (0.900–0.900), 0 of 1 | 1.200 (1.200–1.200), 1 of 1 | 1.00 |" in out
 
 
 def test_the_write_up_matches_its_rows(capsys: pytest.CaptureFixture[str]) -> None:
     """twin-idle-h200x2's README quotes twin_stats.py, twin_versus.py and twin_conns.py."""
-    _load("twin_stats").main(["--slow-ttft-ms", "2400", IDLE])
-    out = capsys.readouterr().out
+    out = printed(capsys, "twin_stats", ["--slow-ttft-ms", "2400", IDLE])
     plain, idle = out.split("each direct side holding 512 idle connections)")
     assert "| tokens/s | 1.014 (0.993–1.063), 5 of 6 |" in plain
     assert "| TTFT p50 | 1.130 (0.934–1.374), 3 of 6 |" in plain
@@ -96,17 +76,15 @@ def test_the_write_up_matches_its_rows(capsys: pytest.CaptureFixture[str]) -> No
     assert "| TTFT p99 | 0.937 (0.716–1.003), 1 of 6 |" in idle
     assert "| the direct side's only | 6 | 0.368 (0.322–0.470) |" in idle
     assert "(median -3)" in idle
-    _load("twin_versus").main(["--conc", "512", "--a", IDLE, "--b", IDLE, "--b-idle", "512"])
-    out = capsys.readouterr().out
+    out = printed(capsys, "twin_versus", ["--conc", "512", "--a", IDLE, "--b", IDLE, "--b-idle", "512"])
     assert "| TTFT p50 | 1.130 (0.876–1.380), 3 of 6 | 0.701 (0.354–1.266), 1 of 6 | 0.04 |" in out
     assert "| TTFT p99 | 1.273 (1.031–1.649), 6 of 6 | 0.937 (0.507–1.056), 1 of 6 | 0.01 |" in out
-    _load("twin_stats").main(["--slow-ttft-ms", "2400", *DEFAULTS_512, IDLE])
-    pooled = capsys.readouterr().out.split("each direct side holding")[0]
+    out = printed(capsys, "twin_stats", ["--slow-ttft-ms", "2400", *DEFAULTS_512, IDLE])
+    pooled = out.split("each direct side holding")[0]
     assert "| tokens/s | 1.008 (0.978–1.021), 11 of 18 |" in pooled
     assert "| TTFT p50 | 1.200 (0.969–1.367), 11 of 18 |" in pooled
     assert "Sign test on the 9 passes with one side slow: p = 0.18." in pooled
-    _load("twin_conns").main([*DEFAULTS_512, str(RESULTS / "twin-pool512-h200x2/rows.json.gz"), IDLE])
-    out = capsys.readouterr().out
+    out = printed(capsys, "twin_conns", [*DEFAULTS_512, POOL512, IDLE])
     for line in ("| 512 | 4 of 22 (18%) | 0.78 |", "| 1,024 | 14 of 70 (20%) | 0.84 |",
                  "| 1,536 | 5 of 36 (14%) | 0.24 |", "| 2,048 | 7 of 12 (58%) | 0.004 |",
                  "| gateway | 16 of 70 (23%) |", "| direct | 7 of 58 (12%) |", "Fisher p = 0.16."):
