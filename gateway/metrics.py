@@ -37,6 +37,7 @@ _DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 
 _TTFB_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 # A splice costs a continuation's time to first token (prefill of the prompt and the text so far).
 _SPLICE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+_CONNECTION_STATES = ("open", "idle")  # fleet_upstream_connections' state label; upstream.py's counts keys
 
 
 class GatewayMetrics:
@@ -124,7 +125,7 @@ class GatewayMetrics:
             for s in BackendState:
                 with contextlib.suppress(KeyError):
                     self.state.remove(b.name, s.value)
-            for kind in ("open", "idle"):
+            for kind in _CONNECTION_STATES:
                 with contextlib.suppress(KeyError):
                     self.connections.remove(b.name, kind)
             return
@@ -137,7 +138,7 @@ class GatewayMetrics:
 
     def upstream_connections(self, backend: str, counts: dict[str, int]) -> None:
         """This process's connections to ``backend`` (upstream.py's ``counts``: open, idle)."""
-        for kind in ("open", "idle"):
+        for kind in _CONNECTION_STATES:
             self.connections.labels(backend, kind).set(counts[kind])
 
     def count(self, model: str, backend: str, code: int | str) -> None:
