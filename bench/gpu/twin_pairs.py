@@ -99,10 +99,15 @@ def sides(kind: str) -> list[tuple[str, str, str]]:
     return [other, (f"gateway:{to}", GW, f"tiny-{to}")]
 
 
-def start(model_dir: str, w: Path, vllm_args: list[str] | None = None) -> dict[str, Any]:
-    """``vllm_args``: each instance's vLLM arguments instead of gpu_fleet's (``--enforce-eager``...)."""
+def start(model_dir: str, w: Path, vllm_args: list[str] | None = None,
+          vllm_command: list[str] | None = None) -> dict[str, Any]:
+    """``vllm_args``: each instance's vLLM arguments instead of gpu_fleet's (``--enforce-eager``...);
+    ``vllm_command``: the fleet file's ``vllm_command`` instead of its default (the `vllm serve`
+    CLI, which alone runs ``--api-server-count`` above 1)."""
     fleet = {**base_fleet(w), "instances": [{**inst(i, model_dir, [n], [f"tiny-{i}"], p), "gpu_memory_utilization": 0.5}
                                             for n, (i, p) in enumerate(PORTS.items())]}
+    if vllm_command is not None:
+        fleet["vllm_command"] = vllm_command
     if vllm_args is not None:
         for i in fleet["instances"]:
             i["vllm_args"] = list(vllm_args)  # a list each: no YAML anchor in the fleet file
@@ -114,7 +119,7 @@ def start(model_dir: str, w: Path, vllm_args: list[str] | None = None) -> dict[s
     launch_up(w, fleet, {c for g in groups[:-2] for c in g})
     took = wait(lambda: fleet_healthy(["a", "b"]) and len(instances()) == 3, 420, "instances a and b in rotation")
     return {"up_to_ready_s": round(took, 1), "fleet": httpx.get(GW + "/fleet", timeout=5).json(),
-            "vllm_args": fleet["instances"][0]["vllm_args"],
+            "vllm_args": fleet["instances"][0]["vllm_args"], "vllm_command": fleet.get("vllm_command"),
             "gateway_env": {k: v for k, v in os.environ.items() if k.startswith("FLEET_")},
             "cpus": placed(w), "client_cpus": client}
 
@@ -276,11 +281,14 @@ def main() -> None:
                     help="run: py-spy on each instance's API server and engine core over the window (prof.py)")
     ap.add_argument("--vllm-args", help="start: each instance's vLLM arguments, in place of --enforce-eager "
                     "--max-model-len 2048 (e.g. '--max-model-len 2048': vLLM's default CUDA graphs and compilation)")
+    ap.add_argument("--vllm-command", help="start: the fleet file's vllm_command, e.g. 'python -m "
+                    "vllm.entrypoints.cli.main serve' (`vllm serve`: --api-server-count above 1 in --vllm-args)")
     a = ap.parse_args()
     w = Path(a.out)
     w.mkdir(parents=True, exist_ok=True)
     if a.phase == "start":
-        res: Any = start(a.model_dir, w, None if a.vllm_args is None else a.vllm_args.split())
+        res: Any = start(a.model_dir, w, None if a.vllm_args is None else a.vllm_args.split(),
+                         None if a.vllm_command is None else a.vllm_command.split())
     elif a.phase == "run":
         kinds = a.kinds.split(",")
         if not kinds or {split_kind(k)[0] for k in kinds} - set(KINDS):
