@@ -152,6 +152,33 @@ def _where(i: int, inst: Instance, key: str) -> str:
     return f"instances[{i}] ({inst.name}).{key}"
 
 
+def arg_value(args: list[str], *flags: str) -> str | None:
+    """The value vLLM's parser would take for ``flags`` from ``args`` (``--flag v`` or ``--flag=v``;
+    the last one given wins, as with argparse), or None when none is given."""
+    value = None
+    for i, a in enumerate(args):
+        for flag in flags:
+            if a.startswith(flag + "="):
+                value = a.split("=", 1)[1]
+            elif a == flag and i + 1 < len(args):
+                value = args[i + 1]
+    return value
+
+
+def _api_server_problems(i: int, inst: Instance, command: list[str]) -> list[str]:
+    """vLLM's `api_server` module runs one API server whatever --api-server-count says (0.24-0.32);
+    only the `vllm serve` CLI starts more. Asking for more and silently getting one would hide the
+    setting that lifts its CPU limit at high concurrency (README, Limits), so say so."""
+    count = arg_value(inst.vllm_args, "--api-server-count", "-asc")
+    if count is None or not count.isdigit() or int(count) <= 1 or \
+            "vllm.entrypoints.openai.api_server" not in command:
+        return []
+    return [f"{_where(i, inst, 'vllm_args')}: --api-server-count {count} needs the `vllm serve` CLI; "
+            "vllm.entrypoints.openai.api_server (the vllm_command) starts one API server whatever it is "
+            "given; set vllm_command: [python, -m, vllm.entrypoints.cli.main, serve] or remove "
+            "--api-server-count"]
+
+
 def _ray_problems(i: int, inst: Instance) -> list[str]:
     """A Ray group is world size tp x pp over the whole cluster; this node holds part of it."""
     if inst.tensor_parallel_size is None:
@@ -178,6 +205,7 @@ def check_fleet(fleet: FleetFile) -> list[str]:
             problems.append(f"{_where(i, inst, 'name')}: duplicate name, also instances[{seen_names[inst.name]}]; "
                             "give each instance its own name (replicas share served_model_names, not name)")
         seen_names.setdefault(inst.name, i)
+        problems += _api_server_problems(i, inst, fleet.vllm_command)
         if inst.device == "cpu":
             if inst.uses_ray:
                 problems.append(f"{_where(i, inst, 'distributed_executor_backend')}: ray needs device: cuda; "

@@ -19,7 +19,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from fleetspec.errors import ConfigError, from_validation_error
-from fleetspec.fleetfile import FleetFile, Instance
+from fleetspec.fleetfile import FleetFile, Instance, arg_value
 from fleetspec.tiers import VramTier, largest_tier, tier_for_mib
 
 
@@ -109,12 +109,9 @@ def max_num_seqs(inst: Instance, gpu_mib: int | None) -> int | None:
     set it, else vLLM's own default for its server as vLLM 0.24–0.32 choose it (engine/arg_utils:
     1,024 on GPUs of 70 GiB and more but the A100, 256 on smaller ones, 128 per rank on the CPU
     build); None when that cannot be told (the GPU's memory is unknown, or a non-vLLM command)."""
-    args = inst.vllm_args
-    for i, a in enumerate(args):
-        value = a.split("=", 1)[1] if a.startswith("--max-num-seqs=") else \
-            args[i + 1] if a == "--max-num-seqs" and i + 1 < len(args) else None
-        if value is not None:
-            return int(value) if value.isdigit() and int(value) > 0 else None
+    value = arg_value(inst.vllm_args, "--max-num-seqs")
+    if value is not None:
+        return int(value) if value.isdigit() and int(value) > 0 else None
     if inst.device == "cpu":
         return 128 * inst.tp * inst.pipeline_parallel_size
     if gpu_mib is None:

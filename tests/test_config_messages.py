@@ -81,6 +81,8 @@ CASES: list[tuple[str, dict[str, Any], str, str]] = [
      "(GPUs here: 0, 1); use those indices"),
     ("reserved name", fleet(instances=instance(name="gateway")), "instances[0] (gateway).name",
      "rename the instance"),
+    ("API servers the command cannot start", fleet(instances=instance(vllm_args=["--api-server-count", "2"])),
+     "instances[0] (qwen).vllm_args", "set vllm_command: [python, -m, vllm.entrypoints.cli.main, serve]"),
 ]
 
 

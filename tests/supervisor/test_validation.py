@@ -10,7 +10,9 @@ from typing import Any
 import pytest
 import yaml
 
+from fleetspec.fleetfile import Instance, arg_value
 from fleetspec.gpus import Gpu
+from fleetspec.infernet import max_num_seqs
 from tests.supervisor.conftest import fleet_doc, free_port
 from vllm_fleet.cli import main
 
@@ -61,6 +63,45 @@ def test_violation_exits_2_naming_the_key(tmp_path: Path, gpus: list[Gpu], capsy
     code, _, err = run_check(tmp_path, doc, capsys)
     assert code == 2, err
     assert needle in err
+
+
+def test_api_server_count_runs_under_vllm_serve(tmp_path: Path, gpus: list[Gpu],
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """The `vllm serve` CLI starts --api-server-count API servers, so the same arguments pass
+    there and reach vLLM's command line as given; one API server needs no CLI."""
+    doc = fleet_doc(tmp_path, [cuda("a", [0], vllm_args=["--api-server-count", "2"]),
+                               cuda("b", [1], vllm_args=["--api-server-count=1"]),
+                               cuda("c", [2], vllm_args=["-asc=4"])])
+    doc["vllm_command"] = ["python", "-m", "vllm.entrypoints.openai.api_server"]  # the default
+    code, _, err = run_check(tmp_path, doc, capsys)
+    assert code == 2
+    assert "instances[0] (a).vllm_args: --api-server-count 2 needs the `vllm serve` CLI" in err
+    assert "instances[2] (c).vllm_args: --api-server-count 4 needs" in err and "(b).vllm_args" not in err
+    doc["vllm_command"] = ["python", "-m", "vllm.entrypoints.cli.main", "serve"]
+    code, out, err = run_check(tmp_path, doc, capsys)
+    assert code == 0, err
+    assert "-m vllm.entrypoints.cli.main serve --model org/a" in out and "--api-server-count 2" in out
+
+
+@pytest.mark.parametrize(("args", "value"), [
+    ([], None), (["--api-server-count"], None), (["--api-server-count", "3"], "3"), (["-asc=2"], "2"),
+    (["--api-server-count", "2", "--max-model-len", "9", "-asc", "5"], "5"),  # the last one, as argparse
+    (["--api-server-counts", "2"], None),
+])
+def test_arg_value_reads_as_vllms_parser(args: list[str], value: str | None) -> None:
+    assert arg_value(args, "--api-server-count", "-asc") == value
+
+
+@pytest.mark.parametrize(("inst", "gpu_mib", "limit"), [
+    (cuda("a", [0], vllm_args=["--max-num-seqs", "64"]), 143771, 64),
+    (cuda("a", [0], vllm_args=["--max-num-seqs=64", "--max-num-seqs=32"]), 143771, 32),
+    (cuda("a", [0], vllm_args=["--max-num-seqs=0"]), 143771, None),
+    (cuda("a", [0]), 143771, 1024), (cuda("a", [0]), 40960, 256), (cuda("a", [0]), None, None),
+    ({"name": "c", "model": "m", "device": "cpu"}, None, 128),
+])
+def test_max_num_seqs_as_vllm_reads_it(inst: dict[str, Any], gpu_mib: int | None, limit: int | None) -> None:
+    """The limit `up` writes into the Infernet JSON for the gateway (its limiter and warm pool)."""
+    assert max_num_seqs(Instance.model_validate(inst), gpu_mib) == limit
 
 
 def test_port_in_use_exits_2(tmp_path: Path, gpus: list[Gpu], capsys: pytest.CaptureFixture[str]) -> None:
