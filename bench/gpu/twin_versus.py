@@ -4,7 +4,10 @@ A swap pair's ratio (gateway ÷ direct, twin_stats.py) already cancels the GPU a
 ran in; comparing two settings of the gateway (say its warm pool at vLLM's ``--max-num-seqs``
 against 512) then compares two samples of those ratios, taken on different machines. With a
 dozen pairs each and ratios that spread by a third, a difference of medians says little alone:
-this prints the exact two-sided rank-sum (Mann-Whitney) p beside it.
+this prints the exact two-sided rank-sum (Mann-Whitney) p beside it. Then each path's own
+readings under each setting, for a setting that moves both paths alike (vLLM's
+``--api-server-count``, results/twin-api2-h200x2): those do not cancel the machine, so read them
+beside how far the machines of one setting spread.
 
     python3 bench/gpu/twin_versus.py --conc 512 --a ROWS... --b ROWS...
     python3 bench/gpu/twin_versus.py --conc 512 --a ROWS --b ROWS --b-idle 512   # one run's gb/ga against its gbi/gai
@@ -17,6 +20,7 @@ import argparse
 import statistics
 import sys
 from functools import cache
+from typing import Any
 
 from twin_stats import load, swap_pairs, variant
 
@@ -64,7 +68,24 @@ def versus(a_paths: list[str], b_paths: list[str], conc: int, a_idle: int = 0, b
         cells = [f"{statistics.median(xs):.3f} ({min(xs):.3f}–{max(xs):.3f}), {sum(x > 1 for x in xs)} of {len(xs)}"
                  for xs in (a, b)]
         lines.append(f"| {name} | {cells[0]} | {cells[1]} | {rank_sum_p(a, b):.2f} |")
-    return "\n".join(lines)
+    return "\n".join(lines + levels(a_rows, b_rows))
+
+
+def levels(a_rows: list[dict[str, Any]], b_rows: list[dict[str, Any]]) -> list[str]:
+    """Each path's own tokens/s and TTFT under A and under B over the gb/ga passes: median (lowest–
+    highest) and B's median ÷ A's."""
+    lines = ["\nEach path's own readings over the passes: median (lowest–highest), B's median ÷ A's\n",
+             "| path | measure | A | B | B ÷ A |", "|---|---|---|---|---|"]
+    for path in ("direct", "gateway"):
+        for name, key in MEASURES[:3]:
+            a, b = ([s[key] for r in rows if r["kind"] in ("gb", "ga")
+                     for side, s in r["sides"].items() if side.startswith(path + ":") and key in s]
+                    for rows in (a_rows, b_rows))
+            if a and b:
+                cells = [f"{statistics.median(xs):,.0f} ({min(xs):,.0f}–{max(xs):,.0f}), {len(xs)}" for xs in (a, b)]
+                lines.append(f"| {path} | {name} | {cells[0]} | {cells[1]} | "
+                             f"{statistics.median(b) / statistics.median(a):.2f} |")
+    return lines
 
 
 def main(argv: list[str]) -> None:
