@@ -8,10 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.bench_gpu import DEFAULTS_512, IDLE, RESULTS, conns_pass, printed
+from tests.support.bench_gpu import DEFAULTS_512, HOLDER, IDLE, RESULTS, conns_pass, printed
 
 API2 = str(RESULTS / "twin-api2-h200x2/rows.json.gz")
-HOLDER = str(RESULTS / "twin-holder-h200x2/rows.json.gz")
 
 
 def test_levels_take_each_paths_own_readings_from_swap_passes(tmp_path: Path,
@@ -38,5 +37,7 @@ def test_the_write_up_matches_its_rows(capsys: pytest.CaptureFixture[str]) -> No
                  "| direct | tokens/s | 11,245 (9,492–14,553), 46 | 20,977 (17,795–23,116), 15 | 1.87 |",
                  "| direct | TTFT p50 | 1,299 (810–3,967), 46 | 449 (351–1,052), 15 | 0.35 |",
                  "| gateway | tokens/s | 11,339 (9,564–14,186), 46 | 19,556 (10,513–25,160), 15 | 1.72 |",
-                 "| gateway | TTFT p50 | 1,400 (808–3,942), 46 | 479 (409–1,682), 15 | 0.34 |"):
+                 "| gateway | TTFT p50 | 1,400 (808–3,942), 46 | 479 (409–1,682), 15 | 0.34 |",
+                 "| direct | vLLM's processes, cores | 1.85 (1.67–2.06), 46 | 2.89 (2.75–2.96), 15 | 1.56 |",
+                 "| gateway | vLLM's processes, cores | 1.88 (1.74–2.04), 46 | 2.84 (2.21–2.97), 15 | 1.52 |"):
         assert line in out, line

@@ -10,10 +10,8 @@ from typing import Any
 
 import pytest
 
-from tests.support.bench_gpu import DEFAULTS_512, IDLE, POOL512, RESULTS, conns_pass, printed
+from tests.support.bench_gpu import DEFAULTS_512, HOLDER, IDLE, POOL512, conns_pass, printed
 from tests.support.bench_gpu import load as _load
-
-HOLDER = str(RESULTS / "twin-holder-h200x2/rows.json.gz")
 
 
 def test_conns_count_held_apart_windows_on_their_own() -> None:

@@ -22,7 +22,7 @@ import sys
 from functools import cache
 from typing import Any
 
-from twin_stats import load, swap_pairs, variant
+from twin_stats import gateway_windows, load, swap_pairs, variant
 
 MEASURES = (("tokens/s", "output_throughput"), ("TTFT p50", "median_ttft_ms"), ("TTFT p99", "p99_ttft_ms"),
             ("TTFT mean", "mean_ttft_ms"), ("request's life mean", "mean_life_ms"))
@@ -68,21 +68,29 @@ def versus(a_paths: list[str], b_paths: list[str], conc: int, a_idle: int = 0, b
         cells = [f"{statistics.median(xs):.3f} ({min(xs):.3f}–{max(xs):.3f}), {sum(x > 1 for x in xs)} of {len(xs)}"
                  for xs in (a, b)]
         lines.append(f"| {name} | {cells[0]} | {cells[1]} | {rank_sum_p(a, b):.2f} |")
-    return "\n".join(lines + levels(a_rows, b_rows))
+    return "\n".join(lines + levels(a_rows, b_rows, conc))
 
 
-def levels(a_rows: list[dict[str, Any]], b_rows: list[dict[str, Any]]) -> list[str]:
-    """Each path's own tokens/s and TTFT under A and under B over the gb/ga passes: median (lowest–
-    highest) and B's median ÷ A's."""
+def _figure(r: dict[str, Any], path: str, side: dict[str, Any], key: str) -> float | None:
+    """A side's client figure, or with ``cores`` its instance's vLLM processes' CPU (in_pass.engine:
+    the process `up` started and all below it: its API servers, its engine core)."""
+    if key != "cores":
+        return side.get(key)
+    e = r.get("engine", {}).get(path) or {}
+    return None if e.get("api_cpu") is None or e.get("engine_cpu") is None else e["api_cpu"] + e["engine_cpu"]
+
+
+def levels(a_rows: list[dict[str, Any]], b_rows: list[dict[str, Any]], conc: int) -> list[str]:
+    """Each path's own tokens/s, TTFT and vLLM's CPU under A and under B over the gb/ga passes:
+    median (lowest–highest) and B's median ÷ A's."""
     lines = ["\nEach path's own readings over the passes: median (lowest–highest), B's median ÷ A's\n",
              "| path | measure | A | B | B ÷ A |", "|---|---|---|---|---|"]
     for path in ("direct", "gateway"):
-        for name, key in MEASURES[:3]:
-            a, b = ([s[key] for r in rows if r["kind"] in ("gb", "ga")
-                     for side, s in r["sides"].items() if side.startswith(path + ":") and key in s]
-                    for rows in (a_rows, b_rows))
+        for name, key, fmt in (*((n, k, ",.0f") for n, k in MEASURES[:3]), ("vLLM's processes, cores", "cores", ".2f")):
+            a, b = ([v for r, side_path, side in gateway_windows(rows, conc) if side_path.startswith(path + ":")
+                     and (v := _figure(r, side_path, side, key)) is not None] for rows in (a_rows, b_rows))
             if a and b:
-                cells = [f"{statistics.median(xs):,.0f} ({min(xs):,.0f}–{max(xs):,.0f}), {len(xs)}" for xs in (a, b)]
+                cells = [f"{statistics.median(xs):{fmt}} ({min(xs):{fmt}}–{max(xs):{fmt}}), {len(xs)}" for xs in (a, b)]
                 lines.append(f"| {path} | {name} | {cells[0]} | {cells[1]} | "
                              f"{statistics.median(b) / statistics.median(a):.2f} |")
     return lines

@@ -21,6 +21,8 @@ DEFAULTS_512 = [str(RESULTS / "twin-defaults-h200x2" / f)
 POOL512 = str(RESULTS / "twin-pool512-h200x2" / "rows.json.gz")
 # plain passes alternated with passes whose direct client held 512 idle connections (twin-idle)
 IDLE = str(RESULTS / "twin-idle-h200x2" / "rows.json.gz")
+# plain passes alternated with passes whose direct side's idle connections a process of their own held
+HOLDER = str(RESULTS / "twin-holder-h200x2" / "rows.json.gz")
 
 
 def load(name: str, folder: Path = GPU_BENCH) -> ModuleType:
