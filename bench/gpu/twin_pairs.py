@@ -60,6 +60,7 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from api_split import Recorder
 from bench_clients import cpu_seconds
 from detached_up import launch_up, placed, stop
 from gpu_fleet import GW, base_fleet, fleet_healthy, inst, instances, wait
@@ -184,6 +185,8 @@ def one(model_dir: str, w: Path, kind: str, conc: int, n: int, clients: list[int
     sampler = Sampler({i: f"http://127.0.0.1:{p}" for i, p in PORTS.items()}, GW, t0, pids=pids,
                       gpus={i: k for k, i in enumerate(PORTS)})  # as start() placed them
     sampler.start()
+    split = Recorder(PORTS, pids, t0 + timing["warmup"], t0 + timing["warmup"] + timing["window"])
+    split.start()
     procs, holders = [], []
     (w / "sides").mkdir(exist_ok=True)  # apart: a device call returns few files
     for k, (path, base, served) in enumerate(sides(kind)):
@@ -233,6 +236,10 @@ def one(model_dir: str, w: Path, kind: str, conc: int, n: int, clients: list[int
     # and its engine's steps, and its processes' CPU
     row["engine"] = {path: engine(samples[instance(path)], start, start + timing["window"]) for path in row["sides"]}
     row["samples"] = samples
+    roles = {p.pid: "direct" for path, _, _, p in procs if path.startswith("direct")}
+    roles |= {p.pid: "holder" for _, _, p in holders}
+    roles |= {p: "gateway" for p in ([gw_pid, *descendants(gw_pid)] if gw_pid else [])}
+    row["api_split"] = split.result(roles)  # api_split.py: connections and CPU by vLLM process
     if gw_pid and cpu0 is not None and (cpu1 := cpu_seconds(gw_pid)) is not None:
         row["gateway_cpu_share"] = round((cpu1 - cpu0) / span, 3)
     row["queued"] = int(_sum(_QUEUED, GW + "/metrics") - queued0)

@@ -1,0 +1,97 @@
+"""bench/gpu/api_split.py against real processes: two servers sharing one listening socket (as
+vLLM's API servers do), connections from this process, what each server end sent, by process."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from tests.support.bench_gpu import load
+
+api_split = load("api_split")
+
+# a server process that accepts on the inherited socket and answers each message with 10x its bytes
+SERVER = """
+import os, socket, sys, threading
+sock = socket.socket(fileno=int(sys.argv[1]))
+def serve(c):
+    while (data := c.recv(65536)):
+        c.sendall(data * 10)
+while True:
+    c, _ = sock.accept()
+    threading.Thread(target=serve, args=(c,), daemon=True).start()
+"""
+
+
+@pytest.fixture
+def shared() -> Iterator[tuple[int, list[subprocess.Popen[bytes]]]]:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(64)
+    procs = [subprocess.Popen([sys.executable, "-c", SERVER, str(sock.fileno())], pass_fds=[sock.fileno()])
+             for _ in range(2)]
+    try:
+        yield sock.getsockname()[1], procs
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+        sock.close()
+
+
+def _talk(conns: list[socket.socket], size: int) -> None:
+    for c in conns:
+        c.sendall(b"x" * size)
+    for c in conns:
+        got = 0
+        while got < size * 10:
+            got += len(c.recv(65536))
+
+
+@pytest.mark.skipif(shutil.which("ss") is None, reason="needs ss (apt: iproute2)")
+def test_connections_and_bytes_by_server_process(shared: tuple[int, list[subprocess.Popen[bytes]]]) -> None:
+    port, procs = shared
+    conns = [socket.create_connection(("127.0.0.1", port)) for _ in range(6)]
+    try:
+        _talk(conns, 1000)  # before the window: not counted
+        pids = {"a": procs[0].pid}  # its CPU is what "cores" reports
+        before = api_split.snapshot({"a": port}, pids)
+        _talk(conns, 20_000)
+        late = socket.create_connection(("127.0.0.1", port))  # opened inside the window: counts from zero
+        _talk([late], 5_000)
+        time.sleep(0.05)
+        after = api_split.snapshot({"a": port}, pids)
+        out = api_split.window(before, after, 1.0, {os.getpid(): "direct"})
+    finally:
+        for c in conns:
+            c.close()
+    late.close()
+    servers = out["instances"]["a"]["servers"]
+    assert out["ss"] is True
+    assert set(servers) <= {str(p.pid) for p in procs}  # each server end is held by a server process
+    assert sum(d["direct"]["conns"] for d in servers.values()) == 7
+    assert sum(d["direct"]["active"] for d in servers.values()) == 7  # all sent within ACTIVE_MS
+    sent = sum(d["direct"]["sent_mb"] for d in servers.values())
+    assert sent == pytest.approx((6 * 200_000 + 50_000) / 1e6, abs=0.02)
+    assert list(out["instances"]["a"]["cores"]) == [f"{api_split._name(procs[0].pid)} {procs[0].pid}"]
+
+
+def test_window_reads_roles_and_new_connections() -> None:
+    cpu0 = {"a": {7: ("VLLM::APIServer_0", 10.0), 8: ("VLLM::APIServer_1", 20.0)}}
+    cpu1 = {"a": {7: ("VLLM::APIServer_0", 25.0), 8: ("VLLM::APIServer_1", 30.0)}}
+    before = {"conns": {"a": {"k1": (7, 100, 1_000_000, 5)}}, "cpu": cpu0, "ss": True}
+    after = {"conns": {"a": {"k1": (7, 100, 3_000_000, 5), "k2": (8, 100, 500_000, 9000),
+                             "k3": (8, 200, 0, 1), "k4": (8, None, 0, 1)}}, "cpu": cpu1, "ss": True}
+    out = api_split.window(before, after, 10.0, {100: "gateway", 200: "direct"})["instances"]["a"]
+    assert out["cores"] == {"VLLM::APIServer_0 7": 1.5, "VLLM::APIServer_1 8": 1.0}
+    assert out["servers"]["7"] == {"gateway": {"conns": 1, "active": 1, "sent_mb": 2.0}}
+    assert out["servers"]["8"] == {"gateway": {"conns": 1, "active": 0, "sent_mb": 0.5},
+                                   "direct": {"conns": 1, "active": 1, "sent_mb": 0.0},
+                                   "other": {"conns": 1, "active": 1, "sent_mb": 0.0}}
