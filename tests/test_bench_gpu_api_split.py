@@ -4,7 +4,6 @@ vLLM's API servers do), connections from this process, what each server end sent
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -55,7 +54,6 @@ def _talk(conns: list[socket.socket], size: int) -> None:
             got += len(c.recv(65536))
 
 
-@pytest.mark.skipif(shutil.which("ss") is None, reason="needs ss (apt: iproute2)")
 def test_connections_and_bytes_by_server_process(shared: tuple[int, list[subprocess.Popen[bytes]]]) -> None:
     port, procs = shared
     conns = [socket.create_connection(("127.0.0.1", port)) for _ in range(6)]
@@ -74,7 +72,7 @@ def test_connections_and_bytes_by_server_process(shared: tuple[int, list[subproc
             c.close()
     late.close()
     servers = out["instances"]["a"]["servers"]
-    assert out["ss"] is True
+    assert out["seen"] >= 14  # both ends of each
     assert set(servers) <= {str(p.pid) for p in procs}  # each server end is held by a server process
     assert sum(d["direct"]["conns"] for d in servers.values()) == 7
     assert sum(d["direct"]["active"] for d in servers.values()) == 7  # all sent within ACTIVE_MS
@@ -86,9 +84,9 @@ def test_connections_and_bytes_by_server_process(shared: tuple[int, list[subproc
 def test_window_reads_roles_and_new_connections() -> None:
     cpu0 = {"a": {7: ("VLLM::APIServer_0", 10.0), 8: ("VLLM::APIServer_1", 20.0)}}
     cpu1 = {"a": {7: ("VLLM::APIServer_0", 25.0), 8: ("VLLM::APIServer_1", 30.0)}}
-    before = {"conns": {"a": {"k1": (7, 100, 1_000_000, 5)}}, "cpu": cpu0, "ss": True}
+    before = {"conns": {"a": {"k1": (7, 100, 1_000_000, 5)}}, "cpu": cpu0, "seen": 1}
     after = {"conns": {"a": {"k1": (7, 100, 3_000_000, 5), "k2": (8, 100, 500_000, 9000),
-                             "k3": (8, 200, 0, 1), "k4": (8, None, 0, 1)}}, "cpu": cpu1, "ss": True}
+                             "k3": (8, 200, 0, 1), "k4": (8, None, 0, 1)}}, "cpu": cpu1, "seen": 1}
     out = api_split.window(before, after, 10.0, {100: "gateway", 200: "direct"})["instances"]["a"]
     assert out["cores"] == {"VLLM::APIServer_0 7": 1.5, "VLLM::APIServer_1 8": 1.0}
     assert out["servers"]["7"] == {"gateway": {"conns": 1, "active": 1, "sent_mb": 2.0}}

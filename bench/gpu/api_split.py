@@ -7,7 +7,7 @@ engine step in 4 of 8 windows (none of the other 22 windows below 185), b's two 
 used 190 and 246 s of CPU after the first four passes (even later), and the split of the
 gateway's long-lived pool between them was not recorded. Here, at the window's start and end:
 each connection to an instance's port, the process holding its server end and the process holding
-its client end (``ss -tinp``: loopback shows both), what the server end sent, and each of the
+its client end (the kernel's sock_diag: loopback shows both), what the server end sent, and each of the
 instance's processes' CPU seconds. ``window()`` turns the two snapshots into, per instance and
 API server process: its CPU in cores, and per client (gateway or direct) the connections it held,
 those active (a byte either way in the last 2 s) and the MB it sent.
@@ -15,9 +15,9 @@ those active (a byte either way in the last 2 s) and the MB it sent.
 
 from __future__ import annotations
 
-import re
-import shutil
-import subprocess
+import os
+import socket
+import struct
 import threading
 import time
 from pathlib import Path
@@ -27,28 +27,72 @@ from bench_clients import cpu_seconds  # beside this file: the twin scripts run 
 from in_pass import descendants
 
 ACTIVE_MS = 2000  # a stream sends at least every engine step; a waiting request has sent its body
-_TCP = re.compile(r"(bytes_sent|bytes_received|lastsnd|lastrcv):(\d+)")
-_PID = re.compile(r"pid=(\d+)")
+_NETLINK_SOCK_DIAG, _SOCK_DIAG_BY_FAMILY, _INET_DIAG_INFO, _TCP_ESTABLISHED = 4, 20, 2, 1
+_NLMSG_ERROR, _NLMSG_DONE = 2, 3
 
 Conn = tuple[int, int | None, int, int]  # server pid, client pid, bytes sent by the server end, ms idle
 
 
-def _entries() -> list[tuple[str, str, int | None, dict[str, int]]]:
-    """Every established TCP connection end: local address, peer address, owner PID, tcp_info."""
-    if shutil.which("ss") is None:
-        return []
-    text = subprocess.run(["ss", "-tinpH", "state", "established"], capture_output=True, text=True,
-                          timeout=20).stdout
-    out: list[tuple[str, str, int | None, dict[str, int]]] = []
-    for line in text.splitlines():
-        if not line.startswith((" ", "\t")):  # an entry's first line; tcp_info follows, indented
-            f = line.split()
-            if len(f) >= 4:
-                pid = _PID.search(line)
-                out.append((f[2], f[3], int(pid.group(1)) if pid else None, {}))
-        elif out:
-            out[-1][3].update({k: int(v) for k, v in _TCP.findall(line)})
+def _sockets() -> dict[int, int]:
+    """Socket inode to the PID holding it, over every process this user can read."""
+    out: dict[int, int] = {}
+    for fd_dir in Path("/proc").glob("[0-9]*/fd"):
+        pid = int(fd_dir.parent.name)
+        try:
+            fds = list(fd_dir.iterdir())
+        except OSError:
+            continue  # gone, or not ours to read
+        for fd in fds:
+            try:
+                link = os.readlink(fd)
+            except OSError:
+                continue  # closed since (the listing's own descriptor is)
+            if link.startswith("socket:["):
+                out[int(link[8:-1])] = pid
     return out
+
+
+def _entries() -> list[tuple[str, str, int | None, dict[str, int]]]:
+    """Every established IPv4 TCP connection end: local address, peer address, owner PID, and from
+    its tcp_info the bytes acked (sent), ms since data was last sent and received. Through the
+    kernel's sock_diag netlink interface, as ``ss -ti`` reads it (the GPU machines have no ss)."""
+    nl = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, _NETLINK_SOCK_DIAG)
+    try:
+        req = struct.pack("=BBBxI", socket.AF_INET, socket.IPPROTO_TCP, 1 << (_INET_DIAG_INFO - 1),
+                          1 << _TCP_ESTABLISHED) + bytes(48)
+        nl.sendall(struct.pack("=IHHII", 16 + len(req), _SOCK_DIAG_BY_FAMILY, 0x301, 1, 0) + req)
+        raw: list[tuple[str, str, int, dict[str, int]]] = []
+        while True:
+            data = nl.recv(1 << 20)
+            off = 0
+            while off < len(data):
+                length, kind = struct.unpack_from("=IH", data, off)
+                if kind in (_NLMSG_DONE, _NLMSG_ERROR):
+                    return _owned(raw)
+                raw.append(_diag(data, off + 16, off + length))
+                off += (length + 3) & ~3
+    finally:
+        nl.close()
+
+
+def _diag(data: bytes, off: int, end: int) -> tuple[str, str, int, dict[str, int]]:
+    sport, dport = struct.unpack_from("!HH", data, off + 4)
+    src, dst = socket.inet_ntoa(data[off + 8:off + 12]), socket.inet_ntoa(data[off + 24:off + 28])
+    inode = struct.unpack_from("=I", data, off + 68)[0]
+    info: dict[str, int] = {}
+    at = off + 72
+    while at + 4 <= end:
+        alen, atype = struct.unpack_from("=HH", data, at)
+        if atype == _INET_DIAG_INFO and alen >= 4 + 136:  # tcp_info through tcpi_bytes_received
+            info["lastsnd"], info["lastrcv"] = struct.unpack_from("=I4xI", data, at + 4 + 44)
+            info["bytes_sent"] = struct.unpack_from("=Q", data, at + 4 + 120)[0]  # tcpi_bytes_acked
+        at += (alen + 3) & ~3
+    return f"{src}:{sport}", f"{dst}:{dport}", inode, info
+
+
+def _owned(raw: list[tuple[str, str, int, dict[str, int]]]) -> list[tuple[str, str, int | None, dict[str, int]]]:
+    owners = _sockets()
+    return [(local, peer, owners.get(inode), info) for local, peer, inode, info in raw]
 
 
 def snapshot(ports: dict[str, int], pids: dict[str, int]) -> dict[str, Any]:
@@ -65,7 +109,7 @@ def snapshot(ports: dict[str, int], pids: dict[str, int]) -> dict[str, Any]:
     cpu = {}
     for name, pid in pids.items():
         cpu[name] = {p: (_name(p), cpu_seconds(p)) for p in [pid, *descendants(pid)]}
-    return {"conns": conns, "cpu": cpu, "ss": bool(entries)}
+    return {"conns": conns, "cpu": cpu, "seen": len(entries)}
 
 
 def _name(pid: int) -> str:
@@ -122,4 +166,4 @@ def window(before: dict[str, Any], after: dict[str, Any], seconds: float,
             for d in per_role.values():
                 d["sent_mb"] = round(d["sent_mb"], 2)
         out[name] = {"cores": cores, "servers": servers}
-    return {"instances": out, "ss": after["ss"]}
+    return {"instances": out, "seen": after["seen"]}
