@@ -1,7 +1,14 @@
 """The upstream side of the hot path: keep-alive pools of connection.py's connections, per backend.
 
-A request takes the most recently used idle connection to its backend (LIFO: the warmest, and the
-least likely to have been closed by the backend's keep-alive timeout) or opens one. A connection
+A request takes an idle connection to its backend at random, or opens one. Not the most recently
+used (LIFO, until 2026-11-28): behind one port vLLM may run several API server processes
+(``--api-server-count``) on one shared listening socket, each connection served for its life by the
+process that accepted it. Under LIFO the next request took the connection whose stream had just
+ended, so the busy set random-walked between those processes with nothing pulling it back, and
+reached one process alone: 499 of 502 busy connections on one API server while the pool held
+510 and 487 (bench/gpu/results/twin-api2-split-h200x2). A random pick spreads requests over the
+pool as the accepts split it, and a process holding more busy connections holds fewer idle ones,
+so it gets fewer new requests. A connection
 goes back to the pool only when its response was read to the end and both sides keep it alive;
 after a cancel, a timeout or any failure it is aborted, never reused mid-response. An idle
 connection that the backend closes leaves the pool at once (connection_lost). When the backend
@@ -19,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+from random import random
 from urllib.parse import urlsplit
 
 from gateway.connection import ConnectFailed, ResetBeforeResponse, UpstreamConnection
@@ -101,10 +109,9 @@ class UpstreamPool:
         return {"open": origin.open, "idle": len(origin.idle)} if origin else {"open": 0, "idle": 0}
 
     async def warm(self, base: str, n: int) -> int:
-        """Open connections to ``base`` until ``n`` are up (idle or busy), a batch at a time; they
-        join the idle pool's cold end, so that requests keep taking the warmest first. Returns how
-        many are up; stops at the first batch with a failure (the probes will tell why), and after
-        ``n`` tries (a backend that closes what it accepts is not dialled in a loop)."""
+        """Open connections to ``base`` until ``n`` are up (idle or busy), a batch at a time, into
+        the idle pool. Returns how many are up; stops at the first batch with a failure (the probes
+        will tell why), and after ``n`` tries (a backend that closes what it accepts is not dialled in a loop)."""
         origin = self._origin(base)
         tries = 0
         while not self._closed and origin.open < n and tries < n:
@@ -116,7 +123,7 @@ class UpstreamPool:
                 for c in conns:
                     c.abort()
             else:
-                origin.idle[:0] = conns
+                origin.idle += conns
             if len(conns) < len(got):
                 break
         return origin.open
@@ -139,7 +146,10 @@ class UpstreamPool:
     def _take_idle(self, origin: Origin) -> UpstreamConnection | None:
         idle = origin.idle
         while idle:
-            conn = idle.pop()
+            i = int(random() * len(idle))  # a swap with the last, then pop: O(1), order is not kept
+            conn = idle[i]
+            idle[i] = idle[-1]
+            idle.pop()
             if not conn.closed:
                 return conn
         return None

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.support.bench_gpu import load
+from tests.support.bench_gpu import RESULTS, load, printed
 
 api_split = load("api_split")
 
@@ -93,3 +93,18 @@ def test_window_reads_roles_and_new_connections() -> None:
     assert out["servers"]["8"] == {"gateway": {"conns": 1, "active": 0, "sent_mb": 0.5},
                                    "direct": {"conns": 1, "active": 1, "sent_mb": 0.0},
                                    "other": {"conns": 1, "active": 1, "sent_mb": 0.0}}
+
+
+def test_the_write_up_matches_its_rows(capsys: pytest.CaptureFixture[str]) -> None:
+    rows = str(RESULTS / "twin-api2-split-h200x2" / "rows.json.gz")
+    out = printed(capsys, "api_split", [rows])
+    for line in ("| 8 gb | gateway:b | 62 | 3584 | 499 / 3 | 510 / 487 | 510 / 487 | 1.03 / 0.15 |",
+                 "| 10 gb | gateway:b | 70 | 810 | 510 / 1 | 976 / 3 | 976 / 3 | 0.99 / 0.12 |",
+                 "| 6 gb | gateway:b | 144 | 746 | 385 / 45 | 860 / 47 | 860 / 47 | 1.01 / 0.55 |",
+                 "| direct | 15 | 0 | 0 | 0 of 15 |", "| gateway | 15 | 6 | 6 | 0 of 9 |",
+                 "| busier API server ≥ 0.8 | 6 | 0.663 (0.506–0.854) | 2.065 (1.569–7.369) |",
+                 "| below | 9 | 0.985 (0.961–1.058) | 1.004 (0.868–1.297) |"):
+        assert line in out, line
+    stats = printed(capsys, "twin_stats", ["--slow-ttft-ms", "2400", rows])
+    assert "| tokens/s | 0.882 (0.721–0.972), 1 of 7 |" in stats
+    assert "| TTFT p50 | 1.455 (1.118–2.529), 6 of 7 |" in stats

@@ -10,6 +10,7 @@ intervals on an absolute schedule (no drift); any other model gets its tokens ba
 Events are prebuilt bytes: the server must never be the bottleneck (compare the "direct" row).
 
     python bench/compare/upstream.py --port 9000 [--token-ms 20]
+    python bench/compare/upstream.py --port 9000 --shared 2   # two processes on one listening socket
 """
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ import argparse
 import asyncio
 import gc
 import json
+import socket
+import subprocess
+import sys
 import time
 
 MODELS = ("m", "paced")
@@ -168,12 +172,15 @@ class Server(asyncio.Protocol):
         self._pace(start, i + 1, n, tok, tail)
 
 
-async def serve(port: int, reuse_port: bool = False) -> None:
+async def serve(port: int, reuse_port: bool = False, fd: int | None = None) -> None:
     loop = asyncio.get_running_loop()
-    # reuse_port: several of these processes share one port (bench/workers, where one core of
-    # upstream is not enough for many gateway workers); the kernel spreads connections.
-    server = await loop.create_server(Server, "127.0.0.1", port, backlog=4096, reuse_address=True,
-                                      reuse_port=reuse_port)
+    if fd is not None:  # a listening socket shared with its siblings, as vLLM's API servers share one
+        server = await loop.create_server(Server, sock=socket.socket(fileno=fd), backlog=4096)
+    else:
+        # reuse_port: several of these processes share one port (bench/workers, where one core of
+        # upstream is not enough for many gateway workers); the kernel spreads connections.
+        server = await loop.create_server(Server, "127.0.0.1", port, backlog=4096, reuse_address=True,
+                                          reuse_port=reuse_port)
     print(f"upstream on {port}", flush=True)
     gc.freeze()  # as the gateway does: no full collection of the startup heap mid-phase
     await server.serve_forever()
@@ -184,14 +191,28 @@ def main() -> None:
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--token-ms", type=float, default=20.0)
     ap.add_argument("--reuse-port", action="store_true")
+    ap.add_argument("--fd", type=int, help="serve on this inherited listening socket")
+    ap.add_argument("--shared", type=int, default=0,
+                    help="listen here, then run this many processes on that one socket, as vLLM's "
+                         "--api-server-count does (bench/compare/shared_accept.py)")
     a = ap.parse_args()
+    if a.shared:
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", a.port))
+        sock.listen(4096)
+        fd = sock.fileno()
+        argv = [sys.executable, __file__, "--port", str(a.port), "--token-ms", str(a.token_ms), "--fd", str(fd)]
+        for kid in [subprocess.Popen(argv, pass_fds=[fd]) for _ in range(a.shared)]:
+            kid.wait()  # they go with this process's group
+        return
     Server.token_s = a.token_ms / 1000
     try:
         import uvloop
     except ImportError:
-        asyncio.run(serve(a.port, a.reuse_port))
+        asyncio.run(serve(a.port, a.reuse_port, a.fd))
     else:
-        uvloop.run(serve(a.port, a.reuse_port))
+        uvloop.run(serve(a.port, a.reuse_port, a.fd))
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import socket
+import statistics
 import struct
 import threading
 import time
@@ -167,3 +168,76 @@ def window(before: dict[str, Any], after: dict[str, Any], seconds: float,
                 d["sent_mb"] = round(d["sent_mb"], 2)
         out[name] = {"cores": cores, "servers": servers}
     return {"instances": out, "seen": after["seen"]}
+
+
+def windows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each side of each pass with a split: its path, tokens an engine step, TTFT p50, and per API
+    server process (busier first, by the side's active connections): active, held, and the
+    gateway's pool held there (the gateway keeps one to both instances), and its CPU in cores."""
+    out = []
+    for r in rows:
+        split = r.get("api_split")
+        if not split:
+            continue
+        for path, side in r["sides"].items():
+            role, inst = path.split(":")
+            got = split["instances"][inst]
+            cores = {title.rsplit(" ", 1)[1]: c for title, c in got["cores"].items()}
+            procs = sorted(((d.get(role, {}).get("active", 0), d.get(role, {}).get("conns", 0),
+                             d.get("gateway", {}).get("conns", 0), cores.get(pid))
+                            for pid, d in got["servers"].items()), reverse=True)
+            active = sum(p[0] for p in procs)
+            out.append({"pass": r["pass"], "kind": r["kind"], "path": path,
+                        "tokens_per_step": r["engine"][path]["tokens_per_step"], "ttft_p50": side["median_ttft_ms"],
+                        "procs": procs, "busier_share": procs[0][0] / active if active else None})
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+    import gzip
+    import json
+
+    ap = argparse.ArgumentParser(description="each window's split between its instance's API servers")
+    ap.add_argument("rows", nargs="+")
+    ap.add_argument("--collapse", type=float, default=185.0, help="tokens an engine step below which a window counts")
+    ap.add_argument("--skew", type=float, default=0.8, help="busier API server's share of active connections")
+    a = ap.parse_args(argv)
+    rows = [r for f in a.rows for r in json.loads((gzip.open if f.endswith(".gz") else open)(f, "rt").read())]
+    got = windows(rows)
+    print("| pass | side | tokens a step | TTFT p50 ms | active: busier / other | held | gateway's pool there | "
+          "API servers' cores |")
+    print("|---|---|---|---|---|---|---|---|")
+    for w in got:
+        p = w["procs"]
+        print(f"| {w['pass']} {w['kind']} | {w['path']} | {w['tokens_per_step']:.0f} | {w['ttft_p50']:.0f} | "
+              f"{' / '.join(str(x[0]) for x in p)} | {' / '.join(str(x[1]) for x in p)} | "
+              f"{' / '.join(str(x[2]) for x in p)} | {' / '.join(f'{x[3]:.2f}' for x in p if x[3] is not None)} |")
+    print(f"\n| side | windows | busier share ≥ {a.skew} | of those below {a.collapse:.0f} tokens a step | "
+          "others below it |")
+    print("|---|---|---|---|---|")
+    for role in ("direct", "gateway"):
+        mine = [w for w in got if w["path"].startswith(role)]
+        skewed = [w for w in mine if (w["busier_share"] or 0) >= a.skew]
+        rest = [w for w in mine if w not in skewed]
+        print(f"| {role} | {len(mine)} | {len(skewed)} | {sum(w['tokens_per_step'] < a.collapse for w in skewed)} | "
+              f"{sum(w['tokens_per_step'] < a.collapse for w in rest)} of {len(rest)} |")
+    # each pass's gateway side against its direct side (two GPUs: not a swap pair), by the gateway's skew
+    skew = {w["pass"]: (w["busier_share"] or 0) >= a.skew for w in got if w["path"].startswith("gateway")}
+    print("\n| gateway's side | passes | gateway ÷ direct in the same pass, median (range): tokens/s | TTFT p50 |")
+    print("|---|---|---|---|")
+    for label, want in (("busier API server ≥ " + str(a.skew), True), ("below", False)):
+        ratios = [_ratios(r) for r in rows if r.get("api_split") and skew.get(r["pass"]) is want]
+        if ratios:
+            tok, ttft = sorted(x[0] for x in ratios), sorted(x[1] for x in ratios)
+            print(f"| {label} | {len(ratios)} | {statistics.median(tok):.3f} ({tok[0]:.3f}–{tok[-1]:.3f}) | "
+                  f"{statistics.median(ttft):.3f} ({ttft[0]:.3f}–{ttft[-1]:.3f}) |")
+
+
+def _ratios(row: dict[str, Any]) -> tuple[float, float]:
+    g, d = (next(s for p, s in row["sides"].items() if p.startswith(role)) for role in ("gateway", "direct"))
+    return g["output_throughput"] / d["output_throughput"], g["median_ttft_ms"] / d["median_ttft_ms"]
+
+
+if __name__ == "__main__":
+    main()

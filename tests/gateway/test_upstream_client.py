@@ -94,6 +94,16 @@ async def test_keep_alive_connection_is_reused(pool: UpstreamPool) -> None:
         assert srv.connections == 1
 
 
+async def test_requests_spread_over_the_idle_pool(pool: UpstreamPool) -> None:
+    # A backend's API server processes each own the connections they accepted: requests that kept
+    # taking the most recently used one (LIFO) stayed on one process (twin-api2-split-h200x2).
+    async with Server(_ok) as srv:
+        assert await pool.warm(srv.url, 8) == 8
+        used = {id(conn) for conn, _ in [await fetch(pool, srv.url) for _ in range(40)]}
+        assert srv.connections == 8  # all reused, none opened
+        assert len(used) >= 5  # LIFO: 1; a random pick uses 4 or fewer of 8 once in 10^10
+
+
 async def test_idle_connection_closed_by_the_backend_leaves_the_pool(pool: UpstreamPool) -> None:
     async def once(_: asyncio.StreamReader, w: asyncio.StreamWriter, n: int) -> bool:
         await _ok(_, w, n)
