@@ -3,12 +3,12 @@
 A request takes an idle connection to its backend at random, or opens one. Not the most recently
 used (LIFO, until 2026-11-28): behind one port vLLM may run several API server processes
 (``--api-server-count``) on one shared listening socket, each connection served for its life by the
-process that accepted it. Under LIFO the next request took the connection whose stream had just
-ended, so the busy set random-walked between those processes with nothing pulling it back, and
-reached one process alone: 499 of 502 busy connections on one API server while the pool held
-510 and 487 (bench/gpu/results/twin-api2-split-h200x2). A random pick spreads requests over the
-pool as the accepts split it, and a process holding more busy connections holds fewer idle ones,
-so it gets fewer new requests. A connection
+process that accepted it. Under LIFO a stream's next request took back the connection just
+released, so the busy set stayed on the hottest connections whatever the pool's split: 499 of 502
+busy connections on one API server while the pool held 510 and 487, and that instance's engine at
+a fifth of its tokens a step (bench/gpu/results/twin-api2-split-h200x2). A random pick spreads
+requests over the pool as the accepts split it, and a process holding more busy connections holds
+fewer idle ones, so it gets fewer new requests. A connection
 goes back to the pool only when its response was read to the end and both sides keep it alive;
 after a cancel, a timeout or any failure it is aborted, never reused mid-response. An idle
 connection that the backend closes leaves the pool at once (connection_lost). When the backend

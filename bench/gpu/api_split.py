@@ -7,10 +7,13 @@ engine step in 4 of 8 windows (none of the other 22 windows below 185), b's two 
 used 190 and 246 s of CPU after the first four passes (even later), and the split of the
 gateway's long-lived pool between them was not recorded. Here, at the window's start and end:
 each connection to an instance's port, the process holding its server end and the process holding
-its client end (the kernel's sock_diag: loopback shows both), what the server end sent, and each of the
-instance's processes' CPU seconds. ``window()`` turns the two snapshots into, per instance and
+its client end (the kernel's sock_diag: loopback shows both), what the server end sent, and
+each of the instance's processes' CPU seconds. ``window()`` turns the two snapshots into, per instance and
 API server process: its CPU in cores, and per client (gateway or direct) the connections it held,
-those active (a byte either way in the last 2 s) and the MB it sent.
+those active (a byte either way in the last 2 s) and the MB it sent. twin_pairs.py records it in
+each row (``api_split``); ``main`` prints each window's split and how the skewed ones went:
+
+    (cd bench/gpu && python3 api_split.py results/twin-api2-split-h200x2/rows.json.gz)
 """
 
 from __future__ import annotations
@@ -27,7 +30,9 @@ from typing import Any
 from bench_clients import cpu_seconds  # beside this file: the twin scripts run from here
 from in_pass import descendants
 
-ACTIVE_MS = 2000  # a stream sends at least every engine step; a waiting request has sent its body
+# A stream sends at least every engine step. A request waiting longer for its first token counts
+# idle: that undercounts an overloaded API server's share, never inflates it.
+ACTIVE_MS = 2000
 _NETLINK_SOCK_DIAG, _SOCK_DIAG_BY_FAMILY, _INET_DIAG_INFO, _TCP_ESTABLISHED = 4, 20, 2, 1
 _NLMSG_ERROR, _NLMSG_DONE = 2, 3
 
