@@ -18,6 +18,7 @@ bench/gpu/api_split.py) and its share of the pool as the round began. Trees alte
 pass (base, new, new, base, ...), each pass on a fresh upstream and gateway.
 
     .venv/bin/python bench/compare/shared_accept.py BASE_TREE NEW_TREE [--passes 3] [--rounds 3] [--seconds 15]
+    .venv/bin/python bench/compare/shared_accept.py --accepts 32 [--passes 3]   # how idle accepts split
 
 A pick that spreads requests over the pool keeps the bytes' share at the pool's; one that does not
 lets it run ahead.
@@ -27,7 +28,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
+import contextlib
 import importlib
+import socket
 import statistics
 import sys
 import time
@@ -68,7 +72,7 @@ def _round(before: dict[str, Any], after: dict[str, Any], seconds: float, roles:
 
 
 async def _load(url: str, port: int, pid: int, a: argparse.Namespace) -> tuple[loadgen.Result, tuple[Any, Any, float]]:
-    """A round of load, with the snapshots taken 1 s into it and 1 s before its cut: after the cut
+    """A round of load, with the snapshots taken 1 s into it and 2 s before its cut: after the cut
     the connections that carried it are gone (aborted), and their bytes with them."""
     loop, snapshot = asyncio.get_running_loop(), _gpu_module("api_split").snapshot
     load = asyncio.ensure_future(loadgen.streams(url, "paced", a.conc, a.tokens, 10**6, 1.0, a.seconds))
@@ -108,10 +112,46 @@ def one_pass(tree: Path, work: Path, a: argparse.Namespace) -> dict[str, Any]:
         up.stop()
 
 
+def accepts(work: Path, n: int, repeats: int) -> None:
+    """How the accepts alone split: ``n`` connections to the two idle upstream processes opened at
+    once (non-blocking connects in a row), then one at a time with no gap, 5 ms and 50 ms apart;
+    each held until counted, then closed."""
+    port = free_port()
+    up = Proc("upstream", [sys.executable, str(HERE / "upstream.py"), "--port", str(port), "--shared", "2"],
+              work / "upstream.log", SIDE_CPU)
+    snapshot = _gpu_module("api_split").snapshot
+    try:
+        up.wait_http(f"http://127.0.0.1:{port}/health", 20)
+        for label, gap in (("at once", None), ("one at a time", 0.0), ("5 ms apart", 0.005), ("50 ms apart", 0.05)):
+            splits = []
+            for _ in range(repeats):
+                socks = []
+                for _ in range(n):
+                    if gap is None:
+                        s = socket.socket()
+                        s.setblocking(False)
+                        with contextlib.suppress(BlockingIOError):
+                            s.connect(("127.0.0.1", port))
+                    else:
+                        s = socket.create_connection(("127.0.0.1", port))
+                        time.sleep(gap)
+                    socks.append(s)
+                time.sleep(0.3)  # every accept done
+                conns = snapshot({"up": port}, {"up": up.pid})["conns"]["up"].values()
+                held = sorted(collections.Counter(c[0] for c in conns).values(), reverse=True)
+                splits.append(" / ".join(str(h) for h in [*held, 0][:2]))
+                for s in socks:
+                    s.close()
+                time.sleep(0.3)
+            print(f"{n} connections {label}: {', '.join(splits)}", flush=True)
+    finally:
+        up.stop()
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("base", type=Path)
-    ap.add_argument("new", type=Path)
+    ap.add_argument("base", type=Path, nargs="?", default=ROOT)
+    ap.add_argument("new", type=Path, nargs="?", default=ROOT)
     ap.add_argument("--passes", type=int, default=3, help="per tree")
     ap.add_argument("--seconds", type=float, default=15.0, help="a round's load")
     ap.add_argument("--rounds", type=int, default=3)
@@ -119,9 +159,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--conc", type=int, default=64)
     ap.add_argument("--tokens", type=int, default=16, help="events a stream, --token-ms apart")
     ap.add_argument("--token-ms", type=float, default=20.0)
+    ap.add_argument("--accepts", type=int, default=0,
+                    help="only how this many connections split between the idle processes (no trees)")
     a = ap.parse_args(argv)
     work = ROOT / "bench" / "results" / "shared-accept"
     work.mkdir(parents=True, exist_ok=True)
+    if a.accepts:
+        return accepts(work, a.accepts, a.passes)
     order = [("base", "new"), ("new", "base")]
     rows: dict[str, list[dict[str, Any]]] = {"base": [], "new": []}
     for n in range(a.passes):
@@ -131,15 +175,17 @@ def main(argv: list[str] | None = None) -> None:
             print(f"pass {n} {name}: by round, the busier process's share of bytes / of the pool "
                   + ", ".join(f"{r['share']} / {r['pool_share']}" for r in row["rounds"])
                   + f"; {row['errors']} errors", flush=True)
-    print("\n| tree | rounds | busier process's share of the bytes: median (range) | ... of the pool | "
-          "bytes share minus pool share, median |")
+    print("\n| tree | rounds | busier process's share of the bytes: median (range) | its share of the pool | "
+          "bytes minus pool: median (range), rounds above 0 |")
     print("|---|---|---|---|---|")
     for name in ("base", "new"):
         got = [r for row in rows[name] for r in row["rounds"] if r["share"] is not None]
         share, pool = [r["share"] for r in got], [r["pool_share"] for r in got]
+        diff = [s - p for s, p in zip(share, pool, strict=True)]
         print(f"| {name} | {len(got)} | {statistics.median(share):.2f} ({min(share):.2f}–{max(share):.2f}) | "
               f"{statistics.median(pool):.2f} ({min(pool):.2f}–{max(pool):.2f}) | "
-              f"{statistics.median(s - p for s, p in zip(share, pool, strict=True)):+.2f} |")
+              f"{statistics.median(diff):+.2f} ({min(diff):+.2f} to {max(diff):+.2f}), {sum(d > 0 for d in diff)} |")
+
 
 if __name__ == "__main__":
     main()
