@@ -10,16 +10,14 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
-import yaml
 
 from tests.supervisor.conftest import Reaper, free_port, group_alive, pgid_of, wait_until
-from tests.supervisor.test_up import Up
+from tests.supervisor.test_up import start_up, stop_leaves_nothing
 from tests.support.bench_gpu import load
 from tests.support.real_vllm import CPU_VLLM_ARGS, CPU_VLLM_ENV
 
@@ -58,12 +56,7 @@ def test_two_api_servers_both_serve_the_gateway_and_restart_whole(tmp_path: Path
                        "port": port, "env": env,
                        "vllm_args": [*CPU_VLLM_ARGS, "--max-num-seqs", str(SEQS), "--api-server-count", "2"]}],
     }
-    path = tmp_path / "fleet.yaml"
-    path.write_text(yaml.safe_dump(doc))
-    gw = f"http://127.0.0.1:{doc['gateway']['port']}"
-    sup = f"http://127.0.0.1:{doc['supervisor']['metrics_port']}"
-    up = Up([sys.executable, "-m", "vllm_fleet.cli", "up", "-c", str(path)], tmp_path, reaper,
-            env={"FLEET_HEALTH_INTERVAL_S": "0.5", "FLEET_HEALTH_SUCCESSES": "1"})
+    up, gw, sup = start_up(tmp_path, doc, reaper)
     try:
         children = up.wait_running(sup, timeout=300)
         client = openai.OpenAI(base_url=gw + "/v1", api_key="none", max_retries=0, timeout=60)
@@ -111,12 +104,7 @@ def test_two_api_servers_both_serve_the_gateway_and_restart_whole(tmp_path: Path
         assert restarted()[0]["restarts"] == 1
         assert len(_api_servers(restarted()[0]["pid"])) == 2
 
-        pgids = {c["pid"] for c in up.instances(sup)}
-        up.proc.send_signal(signal.SIGTERM)
-        assert up.proc.wait(90) == 0, up.output()[-3000:]
-        for pgid in pgids:
-            assert not group_alive(pgid)
-        assert reaper.alive() == []
+        stop_leaves_nothing(up, sup, reaper)
     finally:
         if up.proc.poll() is None:
             os.killpg(up.proc.pid, signal.SIGKILL)

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from tests.supervisor.conftest import Reaper, free_port, wait_until
-from tests.supervisor.test_up import Up
+from tests.supervisor.test_up import start_up
 from tests.support.real_vllm import CPU_VLLM_ARGS, CPU_VLLM_ENV
 
 if TYPE_CHECKING:
@@ -39,12 +39,8 @@ def test_reload_adds_and_removes_real_instances_under_streams(tmp_path: Path, ti
                        "env": {**env, "VLLM_CPU_OMP_THREADS_BIND": core}}
                       for n, core in (("tiny-a", "0"), ("tiny-b", "1"))],
     }
-    path = tmp_path / "fleet.yaml"
-    path.write_text(yaml.safe_dump(doc))
-    gw = f"http://127.0.0.1:{doc['gateway']['port']}"
-    sup = f"http://127.0.0.1:{doc['supervisor']['metrics_port']}"
-    up = Up([sys.executable, "-m", "vllm_fleet.cli", "up", "-c", str(path)], tmp_path, reaper,
-            env={"FLEET_HEALTH_INTERVAL_S": "0.5", "FLEET_HEALTH_SUCCESSES": "1"})
+    path = tmp_path / "fleet.yaml"  # start_up writes it there; the reload below rewrites it
+    up, gw, sup = start_up(tmp_path, doc, reaper)
     stop = threading.Event()
     try:
         up.wait_running(sup, timeout=300)

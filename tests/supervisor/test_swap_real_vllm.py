@@ -4,7 +4,6 @@ sleeping model swaps them; a long stream on the first is not cut; the openai SDK
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
 from typing import TYPE_CHECKING, Any
@@ -12,10 +11,9 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import openai
 import pytest
-import yaml
 
 from tests.supervisor.conftest import Reaper, free_port, wait_until
-from tests.supervisor.test_up import Up
+from tests.supervisor.test_up import start_up
 from tests.support.real_vllm import CPU_VLLM_ARGS, CPU_VLLM_ENV
 
 if TYPE_CHECKING:
@@ -40,12 +38,7 @@ def test_cold_swap_between_two_real_models(tmp_path: Path, tiny_model_dir: str, 
                       {**inst, "name": "tiny-b", "served_model_names": ["tiny-b"], "port": free_port(),
                        "sleep": {}}],
     }
-    path = tmp_path / "fleet.yaml"
-    path.write_text(yaml.safe_dump(doc))
-    gw = f"http://127.0.0.1:{doc['gateway']['port']}"
-    sup = f"http://127.0.0.1:{doc['supervisor']['metrics_port']}"
-    up = Up([sys.executable, "-m", "vllm_fleet.cli", "up", "-c", str(path)], tmp_path, reaper,
-            env={"FLEET_HEALTH_INTERVAL_S": "0.5", "FLEET_HEALTH_SUCCESSES": "1"})
+    up, gw, sup = start_up(tmp_path, doc, reaper)
 
     def states() -> dict[str, str]:
         return {i["name"]: i["state"] for i in up.instances(sup)}

@@ -58,6 +58,24 @@ def write(tmp_path: Path, doc: dict[str, Any]) -> Path:
     return path
 
 
+def start_up(tmp_path: Path, doc: dict[str, Any], reaper: Reaper) -> tuple[Up, str, str]:
+    """`up` on ``doc`` (written to tmp_path/fleet.yaml), its gateway probing every 0.5 s and one
+    success enough, as the real-vLLM tests run it: (it, the gateway's URL, the supervisor's)."""
+    up = Up([sys.executable, "-m", "vllm_fleet.cli", "up", "-c", str(write(tmp_path, doc))], tmp_path, reaper,
+            env={"FLEET_HEALTH_INTERVAL_S": "0.5", "FLEET_HEALTH_SUCCESSES": "1"})
+    return up, f"http://127.0.0.1:{doc['gateway']['port']}", f"http://127.0.0.1:{doc['supervisor']['metrics_port']}"
+
+
+def stop_leaves_nothing(up: Up, sup: str, reaper: Reaper) -> None:
+    """SIGTERM on `up`: it exits 0, every child's group is gone, and no process of the test is left."""
+    pgids = {c["pid"] for c in up.instances(sup)}
+    up.proc.send_signal(signal.SIGTERM)
+    assert up.proc.wait(90) == 0, up.output()[-3000:]
+    for pgid in pgids:
+        assert not group_alive(pgid)
+    assert reaper.alive() == []
+
+
 def test_up_then_sigterm_stops_everything(tmp_path: Path, reaper: Reaper, up_procs: list[Up]) -> None:
     metrics = free_port()
     doc = fleet_doc(tmp_path, [

@@ -7,17 +7,15 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 import time
 from typing import TYPE_CHECKING, Any
 
 import httpx
 import openai
 import pytest
-import yaml
 
 from tests.supervisor.conftest import Reaper, free_port, group_alive, pgid_of, wait_until
-from tests.supervisor.test_up import Up
+from tests.supervisor.test_up import start_up, stop_leaves_nothing
 from tests.support.real_vllm import CPU_VLLM_ARGS, CPU_VLLM_ENV
 
 if TYPE_CHECKING:
@@ -42,13 +40,8 @@ def _fleet(tmp_path: Path, model_dir: str) -> dict[str, Any]:
 
 def test_up_two_real_instances_restart_and_stop(tmp_path: Path, tiny_model_dir: str, reaper: Reaper) -> None:
     doc = _fleet(tmp_path, tiny_model_dir)
-    path = tmp_path / "fleet.yaml"
-    path.write_text(yaml.safe_dump(doc))
-    gw = f"http://127.0.0.1:{doc['gateway']['port']}"
-    sup = f"http://127.0.0.1:{doc['supervisor']['metrics_port']}"
     t0 = time.monotonic()
-    up = Up([sys.executable, "-m", "vllm_fleet.cli", "up", "-c", str(path)], tmp_path, reaper,
-            env={"FLEET_HEALTH_INTERVAL_S": "0.5", "FLEET_HEALTH_SUCCESSES": "1"})
+    up, gw, sup = start_up(tmp_path, doc, reaper)
     try:
         children = up.wait_running(sup, timeout=300)
         client = openai.OpenAI(base_url=gw + "/v1", api_key="none", max_retries=0, timeout=60)
@@ -87,12 +80,7 @@ def test_up_two_real_instances_restart_and_stop(tmp_path: Path, tiny_model_dir: 
         metrics = httpx.get(sup + "/metrics").text
         assert 'fleet_instance_restarts_total{instance="tiny-a"} 1.0' in metrics
 
-        pgids = {c["pid"] for c in up.instances(sup)}
-        up.proc.send_signal(signal.SIGTERM)
-        assert up.proc.wait(90) == 0, up.output()[-3000:]
-        for pgid in pgids:
-            assert not group_alive(pgid)
-        assert reaper.alive() == []
+        stop_leaves_nothing(up, sup, reaper)
     finally:
         if up.proc.poll() is None:
             os.killpg(up.proc.pid, signal.SIGKILL)
