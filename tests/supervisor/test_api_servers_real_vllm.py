@@ -31,14 +31,7 @@ SEQS = 16  # --max-num-seqs: the gateway's warm pool to the instance
 def _api_servers(pid: int) -> list[int]:
     """The instance's API server processes: vLLM retitles them (``VLLM::APIServer_N``), which also
     overwrites the environment the reaper looks for, so they are found as the launcher's children."""
-    return [p for p in load("in_pass").descendants(pid) if "APIServer" in _title(p)]
-
-
-def _title(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
-    except OSError:
-        return ""
+    return [p for p in load("in_pass").descendants(pid) if "APIServer" in load("api_split")._name(p)]
 
 
 def test_two_api_servers_both_serve_the_gateway_and_restart_whole(tmp_path: Path, tiny_model_dir: str,
@@ -73,7 +66,7 @@ def test_two_api_servers_both_serve_the_gateway_and_restart_whole(tmp_path: Path
         a = next(c for c in children if c["name"] == "a")["pid"]
         gateway = next(c for c in children if c["name"] == "gateway")["pid"]
         servers = _api_servers(a)
-        assert len(servers) == 2, [_title(p) for p in load("in_pass").descendants(a)]
+        assert len(servers) == 2, [api_split._name(p) for p in load("in_pass").descendants(a)]
         gateway_pids = [gateway, *load("in_pass").descendants(gateway)]
 
         def pool() -> dict[str, tuple[int, int | None, int, int]]:
