@@ -208,7 +208,8 @@ class FleetGateway:
         async def fleet() -> dict[str, Any]:
             return {"vram_tier": pool.node_tier().value, "ready": pool.ready(),
                     "models": pool.served_models(),
-                    "backends": [{**pool.describe(b), "connections": upstream.counts(b.url)}
+                    "backends": [{**pool.describe(b),
+                                  "connections": {**upstream.counts(b.url), "per_api_server": upstream.split(b.url)}}
                                  for b in self.backends],
                     "routing": pool.routing(),
                     "supervisor": None if self.link is None else {"connected": self.link.connected}}

@@ -58,6 +58,7 @@ class UpstreamConnection(asyncio.Protocol):
         self._parser = httptools.HttpResponseParser(self)
         self.closed = False
         self.counted = False  # in its pool's count of open connections (upstream.py)
+        self.local: tuple[str, int] | None = None  # this end's address: accept_split.py finds the other end by it
         self._head_deadline: float | None = None  # while waiting for a head: when that wait times out
         self._head_timer: asyncio.TimerHandle | None = None  # outlives the wait it was armed for (_arm_head)
         self._head_at = 0.0  # when _head_timer fires
@@ -209,6 +210,9 @@ class UpstreamConnection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not an asyncio.Transport subclass
+        name = transport.get_extra_info("sockname")
+        if isinstance(name, tuple):
+            self.local = (name[0], name[1])
 
     def data_received(self, data: bytes) -> None:
         if not self.busy or self.complete:

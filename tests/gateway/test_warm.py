@@ -52,7 +52,12 @@ def _start(tmp_path: Path, procs: list[Proc], warm: bool = True,
 
 
 def _pool(gw: Gateway) -> dict[str, int]:
-    return dict(httpx.get(gw.url + "/fleet", timeout=5).json()["backends"][0]["connections"])
+    conns = httpx.get(gw.url + "/fleet", timeout=5).json()["backends"][0]["connections"]
+    return {k: conns[k] for k in ("open", "idle")}
+
+
+def _per_api_server(gw: Gateway) -> list[int]:
+    return list(httpx.get(gw.url + "/fleet", timeout=5).json()["backends"][0]["connections"]["per_api_server"])
 
 
 def _chat(gw: Gateway) -> int:
@@ -65,6 +70,8 @@ def test_requests_find_their_connections_open(tmp_path: Path, procs: list[Proc])
     # The limit's worth of connections idle in the gateway's pool, which the backend sees too
     # (plus at most the probes' own).
     assert wait_until(lambda: _pool(gw) == {"open": LIMIT, "idle": LIMIT}, timeout=10), _pool(gw)
+    # One process accepts on the fake's port: all of the pool on it (accept_split.py read it)
+    assert wait_until(lambda: _per_api_server(gw) == [LIMIT], timeout=10), _per_api_server(gw)
     before = established_to(fake.port)
     assert LIMIT <= before <= LIMIT + 2
     fake.configure(latency=0.5)
