@@ -57,7 +57,6 @@ class UpstreamConnection(asyncio.Protocol):
         self._on_lost = on_lost
         self._parser = httptools.HttpResponseParser(self)
         self.closed = False
-        self.counted = False  # in its pool's count of open connections (upstream.py)
         self.local: tuple[str, int] | None = None  # this end's address: accept_split.py finds the other end by it
         self._head_deadline: float | None = None  # while waiting for a head: when that wait times out
         self._head_timer: asyncio.TimerHandle | None = None  # outlives the wait it was armed for (_arm_head)

@@ -42,7 +42,7 @@ _WARM_BATCH = 16  # connections warm() opens at once: a backend accepting them i
 class Origin:
     """A backend base URL, parsed once: where to connect and what goes before the request's path."""
 
-    __slots__ = ("conns", "dialled", "host", "idle", "open", "port", "prefix", "request_line_tail", "split", "ssl")
+    __slots__ = ("conns", "dialled", "host", "idle", "port", "prefix", "request_line_tail", "split", "ssl")
 
     def __init__(self, base: str) -> None:
         u = urlsplit(base)
@@ -55,8 +55,7 @@ class Origin:
         netloc = u.netloc.rsplit("@", 1)[-1]
         self.request_line_tail = b" HTTP/1.1\r\nhost: " + netloc.encode("idna") + b"\r\ncontent-length: "
         self.idle: list[UpstreamConnection] = []
-        self.open = 0  # connections up, idle or busy
-        self.conns: set[UpstreamConnection] = set()  # those, for rebalance()
+        self.conns: set[UpstreamConnection] = set()  # connections up, idle or busy
         self.dialled = 0  # connections opened so far: the warmer looks at the split again when it moves
         self.split: list[int] = []  # connections per API server behind the port, as rebalance() last read it
 
@@ -113,7 +112,7 @@ class UpstreamPool:
     def counts(self, base: str) -> dict[str, int]:
         """This process's connections to ``base``: up (idle or busy), and idle (for /fleet)."""
         origin = self._origins.get(base)
-        return {"open": origin.open, "idle": len(origin.idle)} if origin else {"open": 0, "idle": 0}
+        return {"open": len(origin.conns), "idle": len(origin.idle)} if origin else {"open": 0, "idle": 0}
 
     def split(self, base: str) -> list[int]:
         """This pool's connections to ``base`` per process accepting on its port, most first, as
@@ -126,10 +125,11 @@ class UpstreamPool:
         origin = self._origins.get(base)
         return (origin.port, origin.dialled) if origin else None
 
-    def rebalance(self, base: str, served: dict[tuple[str, int], int], accepting: set[int]) -> int:
+    def rebalance(self, base: str, served: dict[tuple[str, int], int], accepting: set[int]) -> int | None:
         """Close idle connections to ``base`` on processes that hold more than their share of this
         pool (accept_split.py: ``served`` maps a connection's local address to the process serving
-        it); warm() dials them again. Returns how many were closed."""
+        it); warm() dials them again. Returns how many were closed; None where the split is not
+        known yet (a connection not accepted yet has no process): read it again."""
         origin = self._origins.get(base)
         if origin is None:
             return 0
@@ -139,17 +139,17 @@ class UpstreamPool:
             if pid in held:
                 held[pid] += 1
         origin.split = sorted(held.values(), reverse=True)
+        if len(accepting) < 2:
+            return 0  # one process (or none seen): nothing to even out
         if sum(held.values()) < len(origin.conns):
-            return 0  # some not accepted yet (no process holds them): the split is not known
+            return None
         give = surplus(held, accepting)
         keep = []
         for conn in origin.idle:
             pid = served.get(conn.local) if conn.local else None
             if pid is not None and give.get(pid, 0) > 0:
                 give[pid] -= 1
-                conn.counted = False  # off the pool now, not when connection_lost comes: warm() redials at once
-                origin.open -= 1
-                origin.conns.discard(conn)
+                origin.conns.discard(conn)  # off the pool now, not when connection_lost comes: warm() redials at once
                 conn.abort()
             else:
                 keep.append(conn)
@@ -163,8 +163,8 @@ class UpstreamPool:
         will tell why), and after ``n`` tries (a backend that closes what it accepts is not dialled in a loop)."""
         origin = self._origin(base)
         tries = 0
-        while not self._closed and origin.open < n and tries < n:
-            k = min(batch, n - origin.open, n - tries)
+        while not self._closed and len(origin.conns) < n and tries < n:
+            k = min(batch, n - len(origin.conns), n - tries)
             tries += k
             got = await asyncio.gather(*(self._connect(origin) for _ in range(k)), return_exceptions=True)
             conns = [c for c in got if isinstance(c, UpstreamConnection)]
@@ -175,7 +175,7 @@ class UpstreamPool:
                 origin.idle += conns
             if len(conns) < len(got):
                 break
-        return origin.open
+        return len(origin.conns)
 
     def release(self, conn: UpstreamConnection, origin: Origin) -> None:
         """The request is over: keep the connection only if its response was read to a clean end."""
@@ -207,9 +207,7 @@ class UpstreamPool:
         loop = asyncio.get_running_loop()
 
         def lost(conn: UpstreamConnection) -> None:
-            if conn.counted:
-                origin.open -= 1
-                origin.conns.discard(conn)
+            origin.conns.discard(conn)  # absent if a timeout closed it as it came up
             if conn in origin.idle:
                 origin.idle.remove(conn)
 
@@ -224,8 +222,6 @@ class UpstreamPool:
                                                        ssl=tls, server_hostname=origin.host if tls else None)
         except (OSError, TimeoutError, ssl.SSLError) as e:
             raise ConnectFailed(f"{origin.host}:{origin.port}: {e.__class__.__name__}: {e}") from e
-        origin.open += 1
         origin.dialled += 1
         origin.conns.add(conn)
-        conn.counted = True  # not one that a timeout closed as it came up: lost() takes only these off
         return conn

@@ -121,9 +121,10 @@ class Warmer:
             served, accepting = read.get(port, ({}, set()))
             for b in backends:
                 closed = self.upstream.rebalance(b.url, served, accepting)
-                split = self.upstream.split(b.url)
-                if len(split) > 1 and sum(split) < self.upstream.counts(b.url)["open"]:
+                if closed is None:
                     del self._read_at[b.url]  # read before vLLM accepted them all: again next round
+                    closed = 0
+                split = self.upstream.split(b.url)
                 _, wait, last = self._hold.get(b.url, (0, 1, 0))
                 most = split[0] if split else 0
                 if last and closed and most >= last:

@@ -65,6 +65,9 @@ class _Transport:
     def is_closing(self) -> bool:
         return False
 
+    def get_extra_info(self, _: str, default: Any = None) -> Any:
+        return default  # no socket: the connection records no local address
+
     def abort(self) -> None:
         pass
 
@@ -79,8 +82,7 @@ async def _connect(_: UpstreamPool, origin: Origin) -> UpstreamConnection:
     loop = asyncio.get_running_loop()
     conn = UpstreamConnection(loop, lambda c: None)
     conn.connection_made(_Transport(loop, conn))  # type: ignore[arg-type]
-    origin.open += 1
-    conn.counted = True
+    origin.conns.add(conn)
     return conn
 
 
