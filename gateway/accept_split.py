@@ -5,8 +5,10 @@ kernel gives each new connection to whichever of them accepts first, and that pr
 its life. A burst of dials while one API server is busy lands nearly all on the other: after the
 gateway re-opened the connections a client's cancelled streams had closed, one instance's pool sat
 939 / 86 on its two API servers, the gateway's busy streams 518 / 2, and that engine ran 72 tokens a
-step against its twin's 229 (bench/gpu/results/twin-api2-random-h200x2). The pool's random pick
-follows the pool's split, so the split itself has to be even.
+step against its twin's 229 (bench/gpu/results/twin-api2-random-h200x2). The pool's pick
+(upstream.py) sends each request to the process with the fewest busy connections, but only while
+that process holds an idle one: the split itself has to be even. The same read tells the pick
+which process serves each connection.
 
 The kernel says where each connection went: ``/proc/net/tcp`` (and ``tcp6``) gives the inode of the
 server end of each connection to a port, ``/proc/PID/fd`` which process holds that inode. That only

@@ -58,6 +58,7 @@ class UpstreamConnection(asyncio.Protocol):
         self._parser = httptools.HttpResponseParser(self)
         self.closed = False
         self.local: tuple[str, int] | None = None  # this end's address: accept_split.py finds the other end by it
+        self.server = 0  # pid of the API server process serving it, 0 until read (upstream.py's pick)
         self._head_deadline: float | None = None  # while waiting for a head: when that wait times out
         self._head_timer: asyncio.TimerHandle | None = None  # outlives the wait it was armed for (_arm_head)
         self._head_at = 0.0  # when _head_timer fires

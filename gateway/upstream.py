@@ -1,16 +1,22 @@
 """The upstream side of the hot path: keep-alive pools of connection.py's connections, per backend.
 
-A request takes an idle connection to its backend at random, or opens one. Not the most recently
-used (LIFO, until 2026-11-28): behind one port vLLM may run several API server processes
-(``--api-server-count``) on one shared listening socket, each connection served for its life by the
-process that accepted it. Under LIFO a stream's next request took back the connection just
-released, so the busy set stayed on the hottest connections whatever the pool's split: 499 of 502
-busy connections on one API server while the pool held 510 and 487, and that instance's engine at
-a fifth of its tokens a step (bench/gpu/results/twin-api2-split-h200x2). A random pick spreads
-requests over the pool as the accepts split it, and a process holding more busy connections holds
-fewer idle ones, so it gets fewer new requests. A connection
-goes back to the pool only when its response was read to the end and both sides keep it alive;
-after a cancel, a timeout or any failure it is aborted, never reused mid-response. An idle
+A request takes the most recently used idle connection (LIFO) on the API server process with the
+fewest busy connections of this pool, or opens one. Behind one port vLLM may run several API server
+processes (``--api-server-count``) on one shared listening socket, each connection served for its
+life by the process that accepted it; rebalance() learns which serves each (accept_split.py; until
+then a connection counts as on process 0, and where it cannot tell, all do: plain LIFO).
+- Plain LIFO kept the busy set on the hottest connections whatever the pool's split: 499 of 502
+  busy connections on one API server, and that engine at a fifth of its tokens a step
+  (bench/gpu/results/twin-api2-split-h200x2).
+- A random pick (2026-11-28) spread them, but in windows without a skew 2-31 % of the gateway's
+  requests waited over 1.2 s for their first token, against 0.1-1.1 % under LIFO and 0-2.7 % on
+  the direct side (results/twin-api2-balance-h200x2): requests scattered over the whole pool (up to
+  811 connections active in 2 s for 512 streams); LIFO keeps the working set to the streams'.
+So LIFO within a process, and the process chosen by its busy count, which holds the busy split
+even.
+
+A connection goes back to the pool only when its response was read to the end and both sides keep
+it alive; after a cancel, a timeout or any failure it is aborted, never reused mid-response. An idle
 connection that the backend closes leaves the pool at once (connection_lost). When the backend
 closes a reused connection just as a request goes out on it (the race no client can avoid), the
 request fails with no response byte at all: that proves nothing was processed, so it is sent once
@@ -29,7 +35,6 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from random import random
 from urllib.parse import urlsplit
 
 from gateway.accept_split import surplus
@@ -42,7 +47,7 @@ _WARM_BATCH = 16  # connections warm() opens at once: a backend accepting them i
 class Origin:
     """A backend base URL, parsed once: where to connect and what goes before the request's path."""
 
-    __slots__ = ("conns", "dialled", "host", "idle", "port", "prefix", "request_line_tail", "split", "ssl")
+    __slots__ = ("conns", "dialled", "host", "idle", "port", "prefix", "request_line_tail", "split", "ssl", "up")
 
     def __init__(self, base: str) -> None:
         u = urlsplit(base)
@@ -54,7 +59,8 @@ class Origin:
         self.prefix = u.path.rstrip("/").encode("latin-1")
         netloc = u.netloc.rsplit("@", 1)[-1]
         self.request_line_tail = b" HTTP/1.1\r\nhost: " + netloc.encode("idna") + b"\r\ncontent-length: "
-        self.idle: list[UpstreamConnection] = []
+        self.idle: dict[int, list[UpstreamConnection]] = {}  # API server pid (0: not known) → idle, oldest first
+        self.up: dict[int, int] = {}  # API server pid → connections up there, idle or busy (same keys)
         self.conns: set[UpstreamConnection] = set()  # connections up, idle or busy
         self.dialled = 0  # connections opened so far: the warmer looks at the split again when it moves
         self.split: list[int] = []  # connections per API server behind the port, as rebalance() last read it
@@ -112,7 +118,9 @@ class UpstreamPool:
     def counts(self, base: str) -> dict[str, int]:
         """This process's connections to ``base``: up (idle or busy), and idle (for /fleet)."""
         origin = self._origins.get(base)
-        return {"open": len(origin.conns), "idle": len(origin.idle)} if origin else {"open": 0, "idle": 0}
+        if origin is None:
+            return {"open": 0, "idle": 0}
+        return {"open": len(origin.conns), "idle": sum(map(len, origin.idle.values()))}
 
     def split(self, base: str) -> list[int]:
         """This pool's connections to ``base`` per process accepting on its port, most first, as
@@ -126,10 +134,10 @@ class UpstreamPool:
         return (origin.port, origin.dialled) if origin else None
 
     def rebalance(self, base: str, served: dict[tuple[str, int], int], accepting: set[int]) -> int | None:
-        """Close idle connections to ``base`` on processes that hold more than their share of this
-        pool (accept_split.py: ``served`` maps a connection's local address to the process serving
-        it); warm() dials them again. Returns how many were closed; None where the split is not
-        known yet (a connection not accepted yet has no process): read it again."""
+        """Note which process serves each connection to ``base`` (accept_split.py: ``served`` maps a
+        connection's local address to it), then close idle connections on processes that hold more
+        than their share of this pool; warm() dials them again. Returns how many were closed; None
+        where the split is not known yet (a connection not accepted yet has no process): read it again."""
         origin = self._origins.get(base)
         if origin is None:
             return 0
@@ -138,23 +146,22 @@ class UpstreamPool:
             pid = served.get(conn.local) if conn.local else None
             if pid in held:
                 held[pid] += 1
+                conn.server = pid
+        _regroup(origin)
         origin.split = sorted(held.values(), reverse=True)
         if len(accepting) < 2:
             return 0  # one process (or none seen): nothing to even out
         if sum(held.values()) < len(origin.conns):
             return None
-        give = surplus(held, accepting)
-        keep = []
-        for conn in origin.idle:
-            pid = served.get(conn.local) if conn.local else None
-            if pid is not None and give.get(pid, 0) > 0:
-                give[pid] -= 1
+        closed = 0
+        for pid, n in surplus(held, accepting).items():
+            idle = origin.idle.get(pid, [])
+            for conn in idle[:n]:  # the least recently used
                 origin.conns.discard(conn)  # off the pool now, not when connection_lost comes: warm() redials at once
+                origin.up[pid] -= 1
                 conn.abort()
-            else:
-                keep.append(conn)
-        closed = len(origin.idle) - len(keep)
-        origin.idle = keep
+                closed += 1
+            del idle[:n]
         return closed
 
     async def warm(self, base: str, n: int, batch: int = _WARM_BATCH) -> int:
@@ -172,44 +179,53 @@ class UpstreamPool:
                 for c in conns:
                     c.abort()
             else:
-                origin.idle += conns
+                origin.idle.setdefault(0, []).extend(conns)
             if len(conns) < len(got):
                 break
         return len(origin.conns)
 
     def release(self, conn: UpstreamConnection, origin: Origin) -> None:
         """The request is over: keep the connection only if its response was read to a clean end."""
-        if not self._closed and conn.reusable() and len(origin.idle) < _MAX_IDLE:
+        idle = origin.idle.get(conn.server)
+        if not self._closed and idle is not None and conn.reusable() and len(idle) < _MAX_IDLE:
             conn.idle()
-            origin.idle.append(conn)
+            idle.append(conn)
         else:
             conn.abort()
 
     def close(self) -> None:
         self._closed = True
         for origin in self._origins.values():
-            idle, origin.idle = origin.idle, []
-            for conn in idle:
-                conn.abort()
+            idle, origin.idle = origin.idle, {}
+            for conns in idle.values():
+                for conn in conns:
+                    conn.abort()
 
-    def _take_idle(self, origin: Origin) -> UpstreamConnection | None:
-        idle = origin.idle
-        while idle:
-            i = int(random() * len(idle))  # a swap with the last, then pop: O(1), order is not kept
-            conn = idle[i]
-            idle[i] = idle[-1]
-            idle.pop()
+    @staticmethod
+    def _take_idle(origin: Origin) -> UpstreamConnection | None:
+        """The most recently used idle connection on the process with the fewest busy ones."""
+        while True:
+            best: list[UpstreamConnection] | None = None
+            least = 0
+            for pid, idle in origin.idle.items():  # one entry, two or three: never many
+                if idle and (best is None or origin.up[pid] - len(idle) < least):
+                    best, least = idle, origin.up[pid] - len(idle)
+            if best is None:
+                return None
+            conn = best.pop()
             if not conn.closed:
                 return conn
-        return None
 
     async def _connect(self, origin: Origin) -> UpstreamConnection:
         loop = asyncio.get_running_loop()
 
         def lost(conn: UpstreamConnection) -> None:
-            origin.conns.discard(conn)  # absent if a timeout closed it as it came up
-            if conn in origin.idle:
-                origin.idle.remove(conn)
+            if conn in origin.conns:  # absent if a timeout closed it as it came up, or rebalance() did
+                origin.conns.discard(conn)
+                origin.up[conn.server] -= 1
+            idle = origin.idle.get(conn.server)
+            if idle is not None and conn in idle:
+                idle.remove(conn)
 
         tls: ssl.SSLContext | None = None
         if origin.ssl:
@@ -224,4 +240,20 @@ class UpstreamPool:
             raise ConnectFailed(f"{origin.host}:{origin.port}: {e.__class__.__name__}: {e}") from e
         origin.dialled += 1
         origin.conns.add(conn)
+        origin.up[0] = origin.up.get(0, 0) + 1
+        origin.idle.setdefault(0, [])
         return conn
+
+
+def _regroup(origin: Origin) -> None:
+    """After connections' ``server`` changed: count and file them again by it, idle ones in the
+    order they were in; a process with none left leaves the pick's loop."""
+    up: dict[int, int] = {}
+    for conn in origin.conns:
+        up[conn.server] = up.get(conn.server, 0) + 1
+    idle: dict[int, list[UpstreamConnection]] = {pid: [] for pid in up}
+    for conns in origin.idle.values():
+        for conn in conns:
+            if conn in origin.conns:
+                idle[conn.server].append(conn)
+    origin.up, origin.idle = up, idle

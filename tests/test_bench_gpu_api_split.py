@@ -105,6 +105,11 @@ def test_the_write_up_matches_its_rows(capsys: pytest.CaptureFixture[str]) -> No
                  "| busier API server ≥ 0.8 | 6 | 0.663 (0.506–0.854) | 2.065 (1.569–7.369) |",
                  "| below | 9 | 0.985 (0.961–1.058) | 1.004 (0.868–1.297) |"):
         assert line in out, line
+    # the share of late first tokens (over 1.2 s) by pick: most recently used here, random later
+    assert "| gateway | below | 9 | 0.2% (0.1%–1.1%) |" in out
+    balance = printed(capsys, "api_split", [str(RESULTS / "twin-api2-balance-h200x2" / "rows.json.gz")])
+    assert "| gateway | below | 16 | 10.9% (3.0%–21.0%) |" in balance
+    assert "| direct | below | 15 | 0.4% (0.0%–2.7%) |" in balance
     stats = printed(capsys, "twin_stats", ["--slow-ttft-ms", "2400", rows])
     assert "| tokens/s | 0.882 (0.721–0.972), 1 of 7 |" in stats
     assert "| TTFT p50 | 1.455 (1.118–2.529), 6 of 7 |" in stats

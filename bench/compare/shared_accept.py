@@ -21,7 +21,8 @@ pass (base, new, new, base, ...), each pass on a fresh upstream and gateway.
     .venv/bin/python bench/compare/shared_accept.py --accepts 32 [--passes 3]   # how idle accepts split
 
 A pick that spreads requests over the pool keeps the bytes' share at the pool's; one that does not
-lets it run ahead.
+lets it run ahead; one that picks the least busy process holds it at an even share (0.50 with two),
+whatever the pool's split, while each holds idle connections.
 """
 
 from __future__ import annotations
@@ -59,8 +60,9 @@ def _gpu_module(name: str) -> ModuleType:
 
 
 def _round(before: dict[str, Any], after: dict[str, Any], seconds: float, roles: dict[int, str]) -> dict[str, Any]:
-    """Over one round: the busier process's share of what the upstream sent the gateway, and its
-    share of the gateway's connections (the pool) as the round began."""
+    """Over one round: the busier process's share of what the upstream sent the gateway, its share
+    of the gateway's connections (the pool) as the round began, and how many of them had carried a
+    byte in the last 2 s at the round's end (the pick's working set)."""
     window = _gpu_module("api_split").window
     servers = window(before, after, seconds, roles)["instances"]["up"]["servers"]
     pool = window(before, before, seconds, roles)["instances"]["up"]["servers"]  # as the round began
@@ -68,7 +70,8 @@ def _round(before: dict[str, Any], after: dict[str, Any], seconds: float, roles:
     held = [pool.get(pid, {}).get("gateway", {}).get("conns", 0) for pid in servers]
     busier = max(range(len(sent)), key=sent.__getitem__) if sent else 0
     return {"share": round(sent[busier] / sum(sent), 3) if sum(sent) else None,
-            "pool_share": round(held[busier] / sum(held), 3) if sum(held) else None, "held": held}
+            "pool_share": round(held[busier] / sum(held), 3) if sum(held) else None, "held": held,
+            "active": sum(d.get("gateway", {}).get("active", 0) for d in servers.values())}
 
 
 async def _load(url: str, port: int, pid: int, a: argparse.Namespace) -> tuple[loadgen.Result, tuple[Any, Any, float]]:
@@ -176,15 +179,17 @@ def main(argv: list[str] | None = None) -> None:
                   + ", ".join(f"{r['share']} / {r['pool_share']}" for r in row["rounds"])
                   + f"; {row['errors']} errors", flush=True)
     print("\n| tree | rounds | busier process's share of the bytes: median (range) | its share of the pool | "
-          "bytes minus pool: median (range), rounds above 0 |")
-    print("|---|---|---|---|---|")
+          "bytes minus pool: median (range), rounds above 0 | connections active at the end |")
+    print("|---|---|---|---|---|---|")
     for name in ("base", "new"):
         got = [r for row in rows[name] for r in row["rounds"] if r["share"] is not None]
         share, pool = [r["share"] for r in got], [r["pool_share"] for r in got]
         diff = [s - p for s, p in zip(share, pool, strict=True)]
+        active = [r.get("active", 0) for r in got]
         print(f"| {name} | {len(got)} | {statistics.median(share):.2f} ({min(share):.2f}–{max(share):.2f}) | "
               f"{statistics.median(pool):.2f} ({min(pool):.2f}–{max(pool):.2f}) | "
-              f"{statistics.median(diff):+.2f} ({min(diff):+.2f} to {max(diff):+.2f}), {sum(d > 0 for d in diff)} |")
+              f"{statistics.median(diff):+.2f} ({min(diff):+.2f} to {max(diff):+.2f}), {sum(d > 0 for d in diff)} | "
+              f"{statistics.median(active):.0f} ({min(active)}–{max(active)}) |")
 
 
 if __name__ == "__main__":

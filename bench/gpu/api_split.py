@@ -175,10 +175,11 @@ def window(before: dict[str, Any], after: dict[str, Any], seconds: float,
     return {"instances": out, "seen": after["seen"]}
 
 
-def windows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each side of each pass with a split: its path, tokens an engine step, TTFT p50, and per API
-    server process (busier first, by the side's active connections): active, held, and the
-    gateway's pool held there (the gateway keeps one to both instances), and its CPU in cores."""
+def windows(rows: list[dict[str, Any]], late_ms: float = 1200.0) -> list[dict[str, Any]]:
+    """Each side of each pass with a split: its path, tokens an engine step, TTFT p50, the share of
+    its requests whose first token took over ``late_ms``, and per API server process (busier first,
+    by the side's active connections): active, held, and the gateway's pool held there (the gateway
+    keeps one to both instances), and its CPU in cores."""
     out = []
     for r in rows:
         split = r.get("api_split")
@@ -192,8 +193,10 @@ def windows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                              d.get("gateway", {}).get("conns", 0), cores.get(pid))
                             for pid, d in got["servers"].items()), reverse=True)
             active = sum(p[0] for p in procs)
+            ttfts = [t for second in side["ttft_ms_each_second"] for t in second]
             out.append({"pass": r["pass"], "kind": r["kind"], "path": path,
                         "tokens_per_step": r["engine"][path]["tokens_per_step"], "ttft_p50": side["median_ttft_ms"],
+                        "late": sum(t > late_ms for t in ttfts) / len(ttfts) if ttfts else 0.0,
                         "procs": procs, "busier_share": procs[0][0] / active if active else None})
     return out
 
@@ -207,17 +210,19 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("rows", nargs="+")
     ap.add_argument("--collapse", type=float, default=185.0, help="tokens an engine step below which a window counts")
     ap.add_argument("--skew", type=float, default=0.8, help="busier API server's share of active connections")
+    ap.add_argument("--late-ms", type=float, default=1200.0, help="a first token later than this counts as late")
     a = ap.parse_args(argv)
     rows = [r for f in a.rows for r in json.loads((gzip.open if f.endswith(".gz") else open)(f, "rt").read())]
-    got = windows(rows)
+    got = windows(rows, a.late_ms)
     print("| pass | side | tokens a step | TTFT p50 ms | active: busier / other | held | gateway's pool there | "
-          "API servers' cores |")
-    print("|---|---|---|---|---|---|---|---|")
+          f"API servers' cores | TTFT > {a.late_ms:g} ms |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for w in got:
         p = w["procs"]
         print(f"| {w['pass']} {w['kind']} | {w['path']} | {w['tokens_per_step']:.0f} | {w['ttft_p50']:.0f} | "
               f"{' / '.join(str(x[0]) for x in p)} | {' / '.join(str(x[1]) for x in p)} | "
-              f"{' / '.join(str(x[2]) for x in p)} | {' / '.join(f'{x[3]:.2f}' for x in p if x[3] is not None)} |")
+              f"{' / '.join(str(x[2]) for x in p)} | {' / '.join(f'{x[3]:.2f}' for x in p if x[3] is not None)} | "
+              f"{w['late']:.1%} |")
     print(f"\n| side | windows | busier share ≥ {a.skew} | of those below {a.collapse:.0f} tokens a step | "
           "others below it |")
     print("|---|---|---|---|---|")
@@ -227,6 +232,15 @@ def main(argv: list[str] | None = None) -> None:
         rest = [w for w in mine if w not in skewed]
         print(f"| {role} | {len(mine)} | {len(skewed)} | {sum(w['tokens_per_step'] < a.collapse for w in skewed)} | "
               f"{sum(w['tokens_per_step'] < a.collapse for w in rest)} of {len(rest)} |")
+    print(f"\n| side | busier share | windows | share of requests with TTFT > {a.late_ms:g} ms: median (range) |")
+    print("|---|---|---|---|")
+    for role in ("direct", "gateway"):
+        for label, want in (("≥ " + str(a.skew), True), ("below", False)):
+            late = sorted(w["late"] for w in got if w["path"].startswith(role)
+                          and ((w["busier_share"] or 0) >= a.skew) is want)
+            if late:
+                mid = statistics.median(late)
+                print(f"| {role} | {label} | {len(late)} | {mid:.1%} ({late[0]:.1%}–{late[-1]:.1%}) |")
     # each pass's gateway side against its direct side (two GPUs: not a swap pair), by the gateway's skew
     skew = {w["pass"]: (w["busier_share"] or 0) >= a.skew for w in got if w["path"].startswith("gateway")}
     print("\n| gateway's side | passes | gateway ÷ direct in the same pass, median (range): tokens/s | TTFT p50 |")

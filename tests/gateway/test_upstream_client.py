@@ -94,14 +94,33 @@ async def test_keep_alive_connection_is_reused(pool: UpstreamPool) -> None:
         assert srv.connections == 1
 
 
-async def test_requests_spread_over_the_idle_pool(pool: UpstreamPool) -> None:
-    # A backend's API server processes each own the connections they accepted: requests that kept
-    # taking the most recently used one (LIFO) stayed on one process (twin-api2-split-h200x2).
+async def test_pick_is_lifo_on_the_api_server_with_fewest_busy(pool: UpstreamPool) -> None:
+    # Behind one port each API server process owns the connections it accepted. Plain LIFO kept the
+    # busy set on one of them (twin-api2-split-h200x2); a random pick scattered requests over the whole
+    # pool and their first tokens came late (twin-api2-balance-h200x2).
     async with Server(_ok) as srv:
         assert await pool.warm(srv.url, 8) == 8
-        used = {id(conn) for conn, _ in [await fetch(pool, srv.url) for _ in range(40)]}
-        assert srv.connections == 8  # all reused, none opened
-        assert len(used) >= 5  # LIFO: 1; a random pick uses 4 or fewer of 8 once in 10^10
+        origin = pool._origin(srv.url)
+        conns = sorted(origin.conns, key=id)
+        served = {c.local: 101 if i < 4 else 202 for i, c in enumerate(conns) if c.local}
+        assert pool.rebalance(srv.url, served, {101, 202}) == 0  # 4 / 4: nothing to even out
+        assert origin.up == {101: 4, 202: 4} and pool.split(srv.url) == [4, 4]
+        taken = [pool._take_idle(origin) for _ in range(4)]
+        picked = [c.server for c in taken if c]
+        assert sorted(picked) == [101, 101, 202, 202] and picked[0] != picked[1] and picked[2] != picked[3]
+        first = taken[0]
+        assert first is not None
+        first.complete = first.keep_alive = True  # as after a response read to its end
+        pool.release(first, origin)
+        assert pool._take_idle(origin) is first  # most recently used on the least busy process
+        # Sequential requests keep to one connection: the working set stays the streams'.
+        conn, _ = await fetch(pool, srv.url)
+        for _ in range(5):
+            assert (await fetch(pool, srv.url))[0] is conn
+        assert srv.connections == 8
+        for c in taken[1:]:
+            assert c is not None
+            c.abort()
 
 
 async def test_idle_connection_closed_by_the_backend_leaves_the_pool(pool: UpstreamPool) -> None:
@@ -204,7 +223,7 @@ async def test_abort_mid_response_closes_the_connection_and_it_is_never_reused(p
         with pytest.raises(TimeoutError):  # the total deadline strikes mid-body
             await conn.body_end(5, loop.time() + 0.2)
         pool.release(conn, origin)  # not complete: aborted, not pooled
-        assert conn.closed and not origin.idle
+        assert conn.closed and not any(origin.idle.values())
         await asyncio.wait_for(srv.closed_by_peer.wait(), 5)  # the backend saw the connection go
 
 
@@ -225,7 +244,7 @@ async def test_cancel_while_waiting_for_the_head_closes_the_connection(pool: Ups
         with pytest.raises(asyncio.CancelledError):
             await task
         await asyncio.wait_for(eof.wait(), 5)
-        assert not origin.idle
+        assert not any(origin.idle.values())
 
 
 async def test_each_request_on_a_reused_connection_times_out_at_its_own_head_deadline(pool: UpstreamPool) -> None:
@@ -298,4 +317,4 @@ async def test_slow_sink_pauses_the_upstream_and_nothing_is_lost(pool: UpstreamP
             conn.resume()
         assert b"".join(got) == chunk * total and pauses >= 10
         pool.release(conn, origin)
-        assert origin.idle == [conn]
+        assert origin.idle == {0: [conn]}
