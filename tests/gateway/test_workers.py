@@ -7,6 +7,7 @@ import itertools
 import json
 import os
 import signal
+import struct
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -271,7 +272,11 @@ def rotation_by_pid(directory: str, backend: str) -> dict[int, float]:
     out: dict[int, float] = {}
     for f in glob.glob(os.path.join(directory, "gauge_livemax_*.db")):
         pid = int(f.rsplit("_", 1)[1].removesuffix(".db"))
-        for key, value, *_ in MmapedDict.read_all_values_from_file(f):
+        try:
+            values = list(MmapedDict.read_all_values_from_file(f))
+        except struct.error:  # a worker's file still being created (empty): read again next time
+            continue
+        for key, value, *_ in values:
             if '"fleet_backend_healthy"' in key and f'"{backend}"' in key:
                 out[pid] = value
     return out
