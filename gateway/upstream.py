@@ -65,6 +65,13 @@ class Origin:
         self.dialled = 0  # connections opened so far: the warmer looks at the split again when it moves
         self.split: list[int] = []  # connections per API server behind the port, as rebalance() last read it
 
+    def add(self, conn: UpstreamConnection) -> None:
+        """A connection just opened: up, on a process not known yet (0) until rebalance() reads it."""
+        self.dialled += 1
+        self.conns.add(conn)
+        self.up[0] = self.up.get(0, 0) + 1
+        self.idle.setdefault(0, [])
+
 
 class UpstreamPool:
     def __init__(self, connect_timeout_s: float) -> None:
@@ -238,10 +245,7 @@ class UpstreamPool:
                                                        ssl=tls, server_hostname=origin.host if tls else None)
         except (OSError, TimeoutError, ssl.SSLError) as e:
             raise ConnectFailed(f"{origin.host}:{origin.port}: {e.__class__.__name__}: {e}") from e
-        origin.dialled += 1
-        origin.conns.add(conn)
-        origin.up[0] = origin.up.get(0, 0) + 1
-        origin.idle.setdefault(0, [])
+        origin.add(conn)
         return conn
 
 

@@ -82,9 +82,7 @@ async def _connect(_: UpstreamPool, origin: Origin) -> UpstreamConnection:
     loop = asyncio.get_running_loop()
     conn = UpstreamConnection(loop, lambda c: None)
     conn.connection_made(_Transport(loop, conn))  # type: ignore[arg-type]
-    origin.conns.add(conn)
-    origin.up[0] = origin.up.get(0, 0) + 1
-    origin.idle.setdefault(0, [])
+    origin.add(conn)
     return conn
 
 

@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> None:
         got = [r for row in rows[name] for r in row["rounds"] if r["share"] is not None]
         share, pool = [r["share"] for r in got], [r["pool_share"] for r in got]
         diff = [s - p for s, p in zip(share, pool, strict=True)]
-        active = [r.get("active", 0) for r in got]
+        active = [r["active"] for r in got]
         print(f"| {name} | {len(got)} | {statistics.median(share):.2f} ({min(share):.2f}–{max(share):.2f}) | "
               f"{statistics.median(pool):.2f} ({min(pool):.2f}–{max(pool):.2f}) | "
               f"{statistics.median(diff):+.2f} ({min(diff):+.2f} to {max(diff):+.2f}), {sum(d > 0 for d in diff)} | "
