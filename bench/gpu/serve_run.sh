@@ -17,6 +17,6 @@ if [ "$1" = start ] && [ ! -d /tmp/tiny-model ]; then
 fi
 python3 "bench/gpu/${PAIRS:-serve_pairs}.py" "$1" --out "$W" "${@:2}"
 rc=$?
-cp "$W"/*.json "$W"/fleet.yaml "$W"/vllm-trace.txt "${OUT:-/tmp/out}"/ 2>/dev/null
+cp "$W"/*.json "$W"/fleet.yaml "$W"/vllm-trace.txt "$W"/variant.log "${OUT:-/tmp/out}"/ 2>/dev/null
 tail -c 200000 "$W"/up.log > "${OUT:-/tmp/out}"/up.log 2>/dev/null
 exit $rc
