@@ -33,6 +33,7 @@ from in_pass import descendants
 # A stream sends at least every engine step. A request waiting longer for its first token counts
 # idle: that undercounts an overloaded API server's share, never inflates it.
 ACTIVE_MS = 2000
+POOLS = ("gateway", "random")  # the roles a gateway's connections take (pick_pairs.py's random pick: "random")
 _NETLINK_SOCK_DIAG, _SOCK_DIAG_BY_FAMILY, _INET_DIAG_INFO, _TCP_ESTABLISHED = 4, 20, 2, 1
 _NLMSG_ERROR, _NLMSG_DONE = 2, 3
 
@@ -226,7 +227,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"\n| side | windows | busier share ≥ {a.skew} | of those below {a.collapse:.0f} tokens a step | "
           "others below it |")
     print("|---|---|---|---|---|")
-    for role in ("direct", "gateway"):
+    roles = [role for role in ("direct", *POOLS) if any(w["path"].startswith(role + ":") for w in got)]
+    for role in roles:
         mine = [w for w in got if w["path"].startswith(role)]
         skewed = [w for w in mine if (w["busier_share"] or 0) >= a.skew]
         rest = [w for w in mine if w not in skewed]
@@ -234,7 +236,7 @@ def main(argv: list[str] | None = None) -> None:
               f"{sum(w['tokens_per_step'] < a.collapse for w in rest)} of {len(rest)} |")
     print(f"\n| side | busier share | windows | share of requests with TTFT > {a.late_ms:g} ms: median (range) |")
     print("|---|---|---|---|")
-    for role in ("direct", "gateway"):
+    for role in roles:
         for label, want in (("≥ " + str(a.skew), True), ("below", False)):
             late = sorted(w["late"] for w in got if w["path"].startswith(role)
                           and ((w["busier_share"] or 0) >= a.skew) is want)
@@ -243,10 +245,13 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"| {role} | {label} | {len(late)} | {mid:.1%} ({late[0]:.1%}–{late[-1]:.1%}) |")
     # each pass's gateway side against its direct side (two GPUs: not a swap pair), by the gateway's skew
     skew = {w["pass"]: (w["busier_share"] or 0) >= a.skew for w in got if w["path"].startswith("gateway")}
+    two = [r for r in rows if r.get("api_split") and len(r["sides"]) == 2]  # pick_pairs.py's passes have one side
+    if not two:
+        return
     print("\n| gateway's side | passes | gateway ÷ direct in the same pass, median (range): tokens/s | TTFT p50 |")
     print("|---|---|---|---|")
     for label, want in (("busier API server ≥ " + str(a.skew), True), ("below", False)):
-        ratios = [_ratios(r) for r in rows if r.get("api_split") and skew.get(r["pass"]) is want]
+        ratios = [_ratios(r) for r in two if skew.get(r["pass"]) is want]
         if ratios:
             tok, ttft = sorted(x[0] for x in ratios), sorted(x[1] for x in ratios)
             print(f"| {label} | {len(ratios)} | {statistics.median(tok):.3f} ({tok[0]:.3f}–{tok[-1]:.3f}) | "

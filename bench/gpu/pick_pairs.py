@@ -97,7 +97,7 @@ def _pool(base: str) -> dict[str, Any]:
     return next((b.get("connections", {}) for b in backends if b["name"] == "a"), {})
 
 
-def _drain(timeout: float = 60.0) -> float:
+def _drain(timeout: float = 20.0) -> float:
     """Seconds until a runs and holds no request (the last pass's streams aborted)."""
     t = time.monotonic()
     while time.monotonic() - t < timeout:
@@ -132,7 +132,10 @@ def one(model_dir: str, w: Path, kind: str, conc: int, n: int, client: int, timi
     rc = proc.wait()
     span = time.monotonic() - t0
     samples = sampler.stop()
-    roles = {proc.pid: "direct"} if kind == "d" else {p: ROLES[kind] for p in [variant, *descendants(variant)]}
+    # the gateway's pool is "gateway" in a direct pass too (api_split.py's pool column)
+    roles = {p: ROLES[kind] if kind in SIGNALS else "gateway" for p in [variant, *descendants(variant)]}
+    if kind == "d":
+        roles[proc.pid] = "direct"
     cpu1 = cpu_seconds(variant)
     row: dict[str, Any] = {"conc": conc, "pass": n, "kind": kind, "drain_s": drained, "timing": timing,
            "sides": {path: json.loads(out.read_text()) if rc == 0 else {"rc": rc}},
