@@ -59,7 +59,7 @@ SIGNALS = {"g": signal.SIGUSR2, "r": signal.SIGUSR1}  # gateway_variant.py's swi
 
 def start(model_dir: str, w: Path, vllm_args: list[str] | None, vllm_command: list[str] | None) -> dict[str, Any]:
     """``up`` with instance a on GPU 0 (half its memory, as each twin instance had), then the
-    switchable gateway on up's gateway's CPUs, once its pool is warm."""
+    switchable gateway on up's gateway's CPUs, until its pool holds the instance's max_num_seqs."""
     fleet = {**base_fleet(w), "instances": [{**inst("a", model_dir, [0], ["tiny-a"], PORT),
                                              "gpu_memory_utilization": 0.5}]}
     if vllm_command is not None:
@@ -83,7 +83,9 @@ def start(model_dir: str, w: Path, vllm_args: list[str] | None, vllm_command: li
         env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         preexec_fn=lambda: os.sched_setaffinity(0, gw_cpus))
     (w / "variant.pid").write_text(str(variant.pid))
-    wait(lambda: _pool(VARIANT).get("idle", 0) >= 512, 120, "the gateway's pool warm")
+    config = json.loads((Path(fleet["supervisor"]["state_dir"]) / "infernet.json").read_text())
+    want = next((i.get("max_num_seqs") or 0 for i in config.get("vllm_instances", [])), 0)  # warm.py's pool
+    wait(lambda: _pool(VARIANT).get("idle", 0) >= want, 120, f"the gateway's pool warm ({want})")
     return {"up_to_ready_s": round(took, 1), "gateway_cpus": sorted(gw_cpus), "client_cpu": client,
             "vllm_args": fleet["instances"][0]["vllm_args"], "vllm_command": fleet.get("vllm_command"),
             "variant_fleet": httpx.get(VARIANT + "/fleet", timeout=5).json()}
