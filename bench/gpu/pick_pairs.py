@@ -48,6 +48,7 @@ from detached_up import launch_up, stop
 from gpu_fleet import base_fleet, fleet_healthy, inst, instances, wait
 from in_pass import Sampler, descendants, engine, means, vllm_means
 from pin import cores
+from twin_pairs import drain
 from twin_versus import rank_sum_p
 
 HERE = Path(__file__).resolve().parent
@@ -75,16 +76,17 @@ def start(model_dir: str, w: Path, vllm_args: list[str] | None, vllm_command: li
     launch_up(w, fleet, {c for g in groups[:-1] for c in g})
     took = wait(lambda: fleet_healthy(["a"]) and len(instances()) == 2, 420, "instance a in rotation")
     gw_cpus = os.sched_getaffinity(instances()["gateway"]["pid"])
+    config = Path(fleet["supervisor"]["state_dir"]) / "infernet.json"  # up's, for its gateway
     env = {**os.environ, "FLEET_UPSTREAM_WARM": "true"}
     log = open(w / "variant.log", "ab")  # noqa: SIM115 - handed to the child
     variant = subprocess.Popen(
         [sys.executable, str(HERE / "gateway_variant.py"), "--port", str(VARIANT_PORT), "--variant", "switch",
-         "--config", str(Path(fleet["supervisor"]["state_dir"]) / "infernet.json")],
+         "--config", str(config)],
         env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         preexec_fn=lambda: os.sched_setaffinity(0, gw_cpus))
     (w / "variant.pid").write_text(str(variant.pid))
-    config = json.loads((Path(fleet["supervisor"]["state_dir"]) / "infernet.json").read_text())
-    want = next((i.get("max_num_seqs") or 0 for i in config.get("vllm_instances", [])), 0)  # warm.py's pool
+    listed = json.loads(config.read_text()).get("vllm_instances", [])
+    want = next((i.get("max_num_seqs") or 0 for i in listed), 0)  # warm.py's pool
     wait(lambda: _pool(VARIANT).get("idle", 0) >= want, 120, f"the gateway's pool warm ({want})")
     return {"up_to_ready_s": round(took, 1), "gateway_cpus": sorted(gw_cpus), "client_cpu": client,
             "vllm_args": fleet["instances"][0]["vllm_args"], "vllm_command": fleet.get("vllm_command"),
@@ -99,25 +101,13 @@ def _pool(base: str) -> dict[str, Any]:
     return next((b.get("connections", {}) for b in backends if b["name"] == "a"), {})
 
 
-def _drain(timeout: float = 20.0) -> float:
-    """Seconds until a runs and holds no request (the last pass's streams aborted)."""
-    t = time.monotonic()
-    while time.monotonic() - t < timeout:
-        text = httpx.get(DIRECT + "/metrics", timeout=10).text
-        if not any(line.startswith(("vllm:num_requests_running", "vllm:num_requests_waiting"))
-                   and float(line.rsplit(" ", 1)[1]) > 0 for line in text.splitlines()):
-            break
-        time.sleep(0.5)
-    return round(time.monotonic() - t, 1)
-
-
 def one(model_dir: str, w: Path, kind: str, conc: int, n: int, client: int, timing: dict[str, float],
         variant: int) -> dict[str, Any]:
     if kind in SIGNALS:
         os.kill(variant, SIGNALS[kind])
     a_pid = instances()["a"]["pid"]
     path = f"{ROLES[kind]}:a"
-    drained = _drain()
+    drained = drain(20.0, [PORT])
     cpu0 = cpu_seconds(variant)
     t0 = time.monotonic() + 3.0  # the client imports and connects before it
     start, end = timing["warmup"], timing["warmup"] + timing["window"]
@@ -186,13 +176,13 @@ def report(rows: list[dict[str, Any]], late_ms: float = 1200.0) -> str:
     """By kind of pass: each measure's median (range), the share of first tokens later than
     ``late_ms``, the busier API server's share of the side's active connections, tokens an engine
     step; then g against r and each against d by rank sum."""
-    late = {(w["pass"]): w for w in windows(rows, late_ms)}
+    by_pass = {w["pass"]: w for w in windows(rows, late_ms)}
     by: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
         side = next(iter(r["sides"].values()))
-        if "rc" in side or r["pass"] not in late:
+        if "rc" in side or r["pass"] not in by_pass:
             continue
-        w = late[r["pass"]]
+        w = by_pass[r["pass"]]
         by.setdefault(r["kind"], []).append({**{k: side[k] for _, k in MEASURES}, "late": w["late"],
                                              "busier": w["busier_share"], "step": w["tokens_per_step"],
                                              "active": sum(p[0] for p in w["procs"])})

@@ -54,6 +54,7 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -129,11 +130,12 @@ def _sum(pattern: re.Pattern[str], url: str) -> float:
     return gauge(pattern, httpx.get(url, timeout=10).text)
 
 
-def _drain(timeout: float = 60.0) -> float:
-    """Seconds until neither instance runs or holds a request (the last pass's streams aborted)."""
+def drain(timeout: float = 60.0, ports: Iterable[int] = PORTS.values()) -> float:
+    """Seconds until no instance (on ``ports``) runs or holds a request (the last pass's streams
+    aborted), at most ``timeout``."""
     t = time.monotonic()
     while time.monotonic() - t < timeout:
-        if all(_sum(_BUSY, f"http://127.0.0.1:{p}/metrics") == 0 for p in PORTS.values()):
+        if all(_sum(_BUSY, f"http://127.0.0.1:{p}/metrics") == 0 for p in ports):
             break
         time.sleep(0.5)
     return round(time.monotonic() - t, 1)
@@ -179,7 +181,7 @@ def one(model_dir: str, w: Path, kind: str, conc: int, n: int, clients: list[int
     pids = {name: i["pid"] for name, i in listed.items() if name in PORTS and i.get("pid")}
     gw_pid = listed.get("gateway", {}).get("pid")
     pinned = place(w, pids, apart)
-    drained = _drain()
+    drained = drain()
     queued0, cpu0 = _sum(_QUEUED, GW + "/metrics"), cpu_seconds(gw_pid) if gw_pid else None
     t0 = time.monotonic() + 3.0  # both clients import and connect before it
     sampler = Sampler({i: f"http://127.0.0.1:{p}" for i, p in PORTS.items()}, GW, t0, pids=pids,
