@@ -130,12 +130,12 @@ def _sum(pattern: re.Pattern[str], url: str) -> float:
     return gauge(pattern, httpx.get(url, timeout=10).text)
 
 
-def drain(timeout: float = 60.0, ports: Iterable[int] = PORTS.values()) -> float:
-    """Seconds until no instance (on ``ports``) runs or holds a request (the last pass's streams
-    aborted), at most ``timeout``."""
+def drain(timeout: float = 60.0, ports: Iterable[int] | None = None) -> float:
+    """Seconds until no instance (on ``ports``, else PORTS' as they are at the call) runs or holds
+    a request (the last pass's streams aborted), at most ``timeout``."""
     t = time.monotonic()
     while time.monotonic() - t < timeout:
-        if all(_sum(_BUSY, f"http://127.0.0.1:{p}/metrics") == 0 for p in ports):
+        if all(_sum(_BUSY, f"http://127.0.0.1:{p}/metrics") == 0 for p in (ports or PORTS.values())):
             break
         time.sleep(0.5)
     return round(time.monotonic() - t, 1)
