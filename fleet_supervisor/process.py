@@ -137,10 +137,16 @@ class ManagedProcess:
         # Our own pipe rather than stdout=PIPE: forked workers inherit the write end, and an
         # asyncio-owned pipe would tie Process.wait() to them as well as to the leader.
         read_fd, write_fd = os.pipe()
+        # A process group of its own (stopped as one), in the supervisor's session, not one of its
+        # own: with the kernel's autogroup (on by default in most distributions) every session is a
+        # scheduling group, and a group that sleeps most of the time (the gateway, the supervisor)
+        # waited 1-3 s for a CPU while a CPU vLLM's engine and worker spun on both cores of a 2-core
+        # host in their own session; its health probes then failed and it was restarted mid-stream.
+        # In one session the threads share the CPUs fairly (bench/autogroup.py).
         try:
             self._proc = await asyncio.create_subprocess_exec(
                 *self.spec.argv, env=self.spec.env, stdin=asyncio.subprocess.DEVNULL,
-                stdout=write_fd, stderr=write_fd, start_new_session=True, preexec_fn=child_setup(self.spec.cpus),
+                stdout=write_fd, stderr=write_fd, process_group=0, preexec_fn=child_setup(self.spec.cpus),
             )
         except BaseException:
             os.close(read_fd)

@@ -71,9 +71,10 @@ class Fleet:
 
 
 def start_fleet(tmp: Path, instances: list[dict[str, Any]], env: dict[str, str] | None = None,
-                real_vllm: bool = False, **supervisor: Any) -> Fleet:
-    """`python -m fleet_supervisor` in its own session, the real gateway (default command), keys on;
-    the instances run the fake vLLM unless ``real_vllm``."""
+                real_vllm: bool = False, command: list[str] | None = None, **supervisor: Any) -> Fleet:
+    """`python -m fleet_supervisor` (or ``command``, given the fleet file's options) in its own process
+    group, the real gateway (default command), keys on; the instances run the fake vLLM unless
+    ``real_vllm``."""
     metrics = free_port()
     doc = fleet_doc(tmp, instances, metrics_port=metrics, **supervisor)
     del doc["gateway_command"]  # the default: python -m gateway -c {config}
@@ -86,8 +87,8 @@ def start_fleet(tmp: Path, instances: list[dict[str, Any]], env: dict[str, str] 
     out = tmp / "up.out"
     with open(out, "wb") as fh:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "fleet_supervisor", "-c", str(path)], cwd=REPO, stdout=fh,
-            stderr=subprocess.STDOUT, start_new_session=True,
+            [*(command or [sys.executable, "-m", "fleet_supervisor"]), "-c", str(path)], cwd=REPO, stdout=fh,
+            stderr=subprocess.STDOUT, process_group=0,  # our session, as fleet_supervisor/process.py says why
             env={**clean, **reaper.env(), "FLEET_API_KEYS": CLIENT_KEY, "FLEET_ADMIN_KEYS": ADMIN_KEY,
                  "FLEET_HEALTH_INTERVAL_S": "0.2", "FLEET_HEALTH_FAILURES": "1", **(env or {})})
     reaper.pgids.add(proc.pid)

@@ -91,7 +91,8 @@ async def test_starts_runs_and_stops_the_whole_group(harness: Harness, tmp_path:
     sup = harness.start(["--fake-startup-delay", "0.3", "--fake-workers", "2"])
     await wait_for(lambda: sup.state is State.RUNNING, 15, "RUNNING")
     pgid = sup.pid
-    assert pgid is not None and os.getpgid(pgid) == pgid  # its own session and group
+    # Its own process group, in our session (one scheduling group under autogroup: process.py)
+    assert pgid is not None and os.getpgid(pgid) == pgid and os.getsid(pgid) == os.getsid(0)
     await wait_for(lambda: len(harness.reaper.alive()) == 3, 5, "API server + 2 workers")
     assert {os.getpgid(p) for p in harness.reaper.alive()} == {pgid}
     await harness.stop(sup)

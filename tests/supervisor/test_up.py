@@ -22,7 +22,7 @@ pytestmark = pytest.mark.timeout(90)
 
 
 class Up:
-    """One `up` process in its own session, killed with its group in teardown whatever happens."""
+    """One `up` process in its own process group, killed with its group in teardown whatever happens."""
 
     def __init__(self, argv: list[str], tmp_path: Path, reaper: Reaper, env: dict[str, str] | None = None) -> None:
         self.out = tmp_path / "up.out"
@@ -30,7 +30,7 @@ class Up:
         # cwd=REPO: this checkout's packages come first on sys.path, as for a developer.
         with open(self.out, "wb") as out:
             self.proc = subprocess.Popen(argv, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
-                                         env={**clean, **reaper.env(), **(env or {})}, start_new_session=True)
+                                         env={**clean, **reaper.env(), **(env or {})}, process_group=0)
         reaper.pgids.add(self.proc.pid)
 
     def output(self) -> str:

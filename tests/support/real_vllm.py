@@ -1,4 +1,4 @@
-"""Real vLLM (the CPU build) for tests: the tiny model, a server started in its own session, and
+"""Real vLLM (the CPU build) for tests: the tiny model, a server started in its own process group, and
 session-scoped fixtures that share one server across every test that asks for it.
 
 Measured on the 2-core test machine (DESIGN §3): a server with ``CPU_VLLM_ARGS`` answers
@@ -69,7 +69,7 @@ class RealVllm:
 
     def __init__(self, proc: subprocess.Popen[bytes], port: int, served_names: Sequence[str], log_path: Path) -> None:
         self.proc = proc
-        self.pgid = proc.pid  # start_new_session: the server leads its own group
+        self.pgid = proc.pid  # process_group=0: the server leads its own group
         self.port = port
         self.served_names = list(served_names)
         self.log_path = log_path
@@ -186,7 +186,8 @@ def start_real_vllm(
     timeout: float = STARTUP_TIMEOUT_S,
     wait: bool = True,
 ) -> RealVllm:
-    """Spawn a CPU vLLM server in its own session and (unless ``wait=False``) wait for /health 200.
+    """Spawn a CPU vLLM server in its own process group, in our session, and (unless ``wait=False``)
+    wait for /health 200.
 
     The result is a context manager: ``with start_real_vllm(...) as v:`` stops the group on exit.
     On a failed start the group is stopped before the error (carrying the log tail) propagates.
@@ -204,7 +205,7 @@ def start_real_vllm(
             stderr=subprocess.STDOUT,
             cwd=ROOT,
             env={**os.environ, **CPU_VLLM_ENV, **(env or {})},
-            start_new_session=True,
+            process_group=0,  # our session: one scheduling group under autogroup (fleet_supervisor/process.py)
         )
     server = RealVllm(proc, port, served_names, log_path)
     if wait:
