@@ -8,14 +8,15 @@ by default in most distributions) each session is a scheduling group. The baseli
 supervisor with its children's ``process_group=0`` swapped for ``start_new_session=True`` (a patch
 of ``asyncio.create_subprocess_exec`` in the supervisor's process; nothing else changes).
 
-Each pass starts the fleet (product defaults for health probes), then a client in a session of its
-own (as a browser or a remote client is) streams ``--requests`` chat completions of ``--tokens``
-tokens through the gateway, one after the other, alternating the two models (``ignore_eos``).
+Each pass starts the fleet (the product's health probe settings, or with ``--probes short`` the
+console test's), then a client in a session of its own (as a browser or a remote client is)
+streams ``--requests`` chat completions of ``--tokens`` tokens through the gateway, one after the
+other, alternating the two models (``ignore_eos``).
 Per pass: the share of the run the gateway's and the supervisor's main threads spent runnable but
 waiting for a CPU (``/proc/PID/schedstat``), the client's first-chunk times and longest silence
 inside a stream, failed requests, the gateway's "now unhealthy" lines and restarts, tokens/s.
 
-    .venv/bin/python bench/autogroup.py [--pairs 2] [--requests 6] [--tokens 1024] [--out FILE]
+    .venv/bin/python bench/autogroup.py [--pairs 2] [--requests 6] [--tokens 1024] [--probes short] [--out FILE]
     .venv/bin/python bench/autogroup.py --rows FILE   # the table of a saved run
 """
 
@@ -50,7 +51,15 @@ asyncio.create_subprocess_exec = own_session
 sys.argv[0] = "fleet_supervisor"
 runpy.run_module("fleet_supervisor", run_name="__main__")
 """
-HEALTH = {"health_interval_s": 5.0, "health_timeout_s": 5.0, "health_failures": 3}  # fleetfile.py's defaults
+# Probe settings: the supervisor's (fleet file) and the gateway's (environment). "default" is the
+# product's (fleetfile.py, gateway/settings.py); "short" the console test's, which a starved gateway
+# failed: its probes of both replicas timed out together, the supervisor's of the gateway twice.
+PROBES: dict[str, tuple[dict[str, Any], dict[str, str]]] = {
+    "default": ({"health_interval_s": 5.0, "health_timeout_s": 5.0, "health_failures": 3},
+                {"FLEET_HEALTH_INTERVAL_S": "5", "FLEET_HEALTH_FAILURES": "3"}),
+    "short": ({"health_interval_s": 1.0, "health_timeout_s": 1.0, "health_failures": 2},
+              {"FLEET_HEALTH_INTERVAL_S": "0.2", "FLEET_HEALTH_FAILURES": "1"}),
+}
 
 
 def schedstat(pid: int) -> tuple[float, float]:
@@ -88,14 +97,14 @@ def client_main(url: str, requests: int, tokens: int) -> None:
     print(json.dumps({"wall_s": time.monotonic() - t0, "streams": done}))
 
 
-def one_pass(mode: str, requests: int, tokens: int) -> dict[str, Any]:
+def one_pass(mode: str, requests: int, tokens: int, probes: str = "default") -> dict[str, Any]:
     env = {k: v for k, v in CPU_VLLM_ENV.items() if k != "CUDA_VISIBLE_DEVICES"}
     inst = {"model": str(TINY_MODEL_DIR), "vllm_args": list(CPU_VLLM_ARGS), "env": env}
     command = [sys.executable, "-c", OWN_SESSION] if mode == "own_session" else None
     with tempfile.TemporaryDirectory() as tmp:
         fleet = start_fleet(Path(tmp), [{**inst, "name": n, "served_model_names": [n]} for n in ("tiny-a", "tiny-b")],
                             real_vllm=True, command=command, startup_timeout_s=300, stop_grace_s=20, start_secs=5,
-                            env={"FLEET_HEALTH_INTERVAL_S": "5", "FLEET_HEALTH_FAILURES": "3"}, **HEALTH)
+                            env=PROBES[probes][1], **PROBES[probes][0])
         try:
             fleet.wait_running(timeout=300)
             found = fleet.instances()
@@ -113,13 +122,14 @@ def one_pass(mode: str, requests: int, tokens: int) -> dict[str, Any]:
             stop_fleet(fleet)
     done = json.loads(client.stdout)
     wall, streams = done["wall_s"], done["streams"]
-    return {"mode": mode, "children_in_supervisor_session": sessions, "wall_s": wall,
-            "tokens_per_s": requests * tokens / wall,
+    failed = sum(bool(s["error"]) for s in streams)
+    return {"mode": mode, "probes": probes, "children_in_supervisor_session": sessions, "wall_s": wall,
+            "tokens": tokens, "tokens_per_s": (requests - failed) * tokens / wall,  # streams that ended well
             "gateway_wait_share": (after[gw][1] - before[gw][1]) / wall,
             "supervisor_wait_share": (after[sup][1] - before[sup][1]) / wall,
             "first_chunk_s": [s["first_s"] for s in streams],
             "longest_silence_s": max(s["silence_s"] for s in streams),
-            "failed": sum(bool(s["error"]) for s in streams), "errors": [s["error"] for s in streams if s["error"]],
+            "failed": failed, "errors": [s["error"] for s in streams if s["error"]],
             "unhealthy_lines": log.count("is now unhealthy"),
             "gateway_restarts": log.count("gateway: RUNNING -> EXITED")}
 
@@ -150,6 +160,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--pairs", type=int, default=2, help="pairs of passes, alternated ABBA")
     ap.add_argument("--requests", type=int, default=6)
     ap.add_argument("--tokens", type=int, default=1024)
+    ap.add_argument("--probes", choices=sorted(PROBES), default="default", help="health probe settings (see PROBES)")
     ap.add_argument("--out", help="write the rows here (JSON)")
     ap.add_argument("--rows", help="no run: the table of a saved run")
     ap.add_argument("--client", nargs=3, metavar=("URL", "REQUESTS", "TOKENS"), help=argparse.SUPPRESS)
@@ -159,7 +170,8 @@ def main(argv: list[str] | None = None) -> None:
         return
     if a.rows:
         doc = json.loads(Path(a.rows).read_text())
-        print(f"autogroup enabled: {doc['autogroup']}; CPUs: {doc['cpus']}\n" + report(doc["rows"]))
+        print(f"autogroup enabled: {doc['autogroup']}; CPUs: {doc['cpus']}; probes: {doc.get('probes', 'default')}\n"
+              + report(doc["rows"]))
         return
     if not (TINY_MODEL_DIR / "config.json").exists():
         from vllm_fleet.tinymodel import make_tiny_model
@@ -167,14 +179,14 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     for i in range(a.pairs):
         for mode in MODES if i % 2 == 0 else MODES[::-1]:  # ABBA: a drift weighs on both alike
-            rows.append(one_pass(mode, a.requests, a.tokens))
+            rows.append(one_pass(mode, a.requests, a.tokens, a.probes))
             print(json.dumps(rows[-1]), flush=True)
     flag = Path("/proc/sys/kernel/sched_autogroup_enabled")
     doc = {"autogroup": flag.read_text().strip() if flag.exists() else "absent",
-           "cpus": len(os.sched_getaffinity(0)), "rows": rows}
+           "cpus": len(os.sched_getaffinity(0)), "probes": a.probes, "rows": rows}
     if a.out:
         Path(a.out).write_text(json.dumps(doc, indent=1))
-    print(f"autogroup enabled: {doc['autogroup']}; CPUs: {doc['cpus']}\n" + report(rows))
+    print(f"autogroup enabled: {doc['autogroup']}; CPUs: {doc['cpus']}; probes: {a.probes}\n" + report(rows))
 
 
 if __name__ == "__main__":

@@ -140,9 +140,10 @@ class ManagedProcess:
         # A process group of its own (stopped as one), in the supervisor's session, not one of its
         # own: with the kernel's autogroup (on by default in most distributions) every session is a
         # scheduling group, and a group that sleeps most of the time (the gateway, the supervisor)
-        # waited 1-3 s for a CPU while a CPU vLLM's engine and worker spun on both cores of a 2-core
-        # host in their own session; its health probes then failed and it was restarted mid-stream.
-        # In one session the threads share the CPUs fairly (bench/autogroup.py).
+        # waited seconds for a CPU while a CPU vLLM's engine and worker, in their own session, kept
+        # both cores of a 2-core host busy: the gateway's main thread was off a CPU 69-79 % of a
+        # streaming run, and under short probe settings its probes timed out (503s). In one session
+        # the threads share the CPUs fairly: 1-2 % (bench/autogroup.py).
         try:
             self._proc = await asyncio.create_subprocess_exec(
                 *self.spec.argv, env=self.spec.env, stdin=asyncio.subprocess.DEVNULL,
