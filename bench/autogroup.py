@@ -37,8 +37,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.console.conftest import CLIENT_KEY, start_fleet, stop_fleet  # noqa: E402
-from tests.support.real_vllm import CPU_VLLM_ARGS, CPU_VLLM_ENV, TINY_MODEL_DIR  # noqa: E402
+from tests.console.conftest import CLIENT_KEY, start_fleet, stop_fleet, tiny_instances  # noqa: E402
+from tests.support.real_vllm import TINY_MODEL_DIR  # noqa: E402
 
 MODES = ("own_session", "shipped")
 # The baseline: the supervisor, its children each given a session of their own as before.
@@ -98,12 +98,10 @@ def client_main(url: str, requests: int, tokens: int) -> None:
 
 
 def one_pass(mode: str, requests: int, tokens: int, probes: str = "default") -> dict[str, Any]:
-    env = {k: v for k, v in CPU_VLLM_ENV.items() if k != "CUDA_VISIBLE_DEVICES"}
-    inst = {"model": str(TINY_MODEL_DIR), "vllm_args": list(CPU_VLLM_ARGS), "env": env}
     command = [sys.executable, "-c", OWN_SESSION] if mode == "own_session" else None
     with tempfile.TemporaryDirectory() as tmp:
-        fleet = start_fleet(Path(tmp), [{**inst, "name": n, "served_model_names": [n]} for n in ("tiny-a", "tiny-b")],
-                            real_vllm=True, command=command, startup_timeout_s=300, stop_grace_s=20, start_secs=5,
+        fleet = start_fleet(Path(tmp), tiny_instances(str(TINY_MODEL_DIR)), real_vllm=True, command=command,
+                            startup_timeout_s=300, stop_grace_s=20, start_secs=5,
                             env=PROBES[probes][1], **PROBES[probes][0])
         try:
             fleet.wait_running(timeout=300)
@@ -155,6 +153,11 @@ def report(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def summary(doc: dict[str, Any]) -> str:
+    head = f"autogroup enabled: {doc['autogroup']}; CPUs: {doc['cpus']}; probes: {doc['probes']}"
+    return head + "\n" + report(doc["rows"])
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pairs", type=int, default=2, help="pairs of passes, alternated ABBA")
@@ -169,9 +172,7 @@ def main(argv: list[str] | None = None) -> None:
         client_main(a.client[0], int(a.client[1]), int(a.client[2]))
         return
     if a.rows:
-        doc = json.loads(Path(a.rows).read_text())
-        print(f"autogroup enabled: {doc['autogroup']}; CPUs: {doc['cpus']}; probes: {doc.get('probes', 'default')}\n"
-              + report(doc["rows"]))
+        print(summary(json.loads(Path(a.rows).read_text())))
         return
     if not (TINY_MODEL_DIR / "config.json").exists():
         from vllm_fleet.tinymodel import make_tiny_model
@@ -186,7 +187,7 @@ def main(argv: list[str] | None = None) -> None:
            "cpus": len(os.sched_getaffinity(0)), "probes": a.probes, "rows": rows}
     if a.out:
         Path(a.out).write_text(json.dumps(doc, indent=1))
-    print(f"autogroup enabled: {doc['autogroup']}; CPUs: {doc['cpus']}; probes: {a.probes}\n" + report(rows))
+    print(summary(doc))
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
-"""bench/autogroup.py: the shipped supervisor starts its children in its own session, the bench's
-baseline in sessions of their own (fake vLLM, the real supervisor and gateway); the table comes out
+"""bench/autogroup.py: the shipped supervisor starts its children in the supervisor's session, the
+bench's baseline in sessions of their own (fake vLLM, the real supervisor and gateway); the table comes out
 of the rows (the real run needs real vLLM and minutes: it is the bench itself)."""
 
 from __future__ import annotations

