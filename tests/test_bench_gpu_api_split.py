@@ -102,14 +102,26 @@ def test_the_write_up_matches_its_rows(capsys: pytest.CaptureFixture[str]) -> No
                  "| 10 gb | gateway:b | 70 | 810 | 510 / 1 | 976 / 3 | 976 / 3 | 0.99 / 0.12 |",
                  "| 6 gb | gateway:b | 144 | 746 | 385 / 45 | 860 / 47 | 860 / 47 | 1.01 / 0.55 |",
                  "| direct | 15 | 0 | 0 | 0 of 15 |", "| gateway | 15 | 6 | 6 | 0 of 9 |",
-                 "| busier API server ≥ 0.8 | 6 | 0.663 (0.506–0.854) | 2.065 (1.569–7.369) |",
-                 "| below | 9 | 0.985 (0.961–1.058) | 1.004 (0.868–1.297) |"):
+                 "| gateway's busier API server ≥ 0.8 | 6 | 0.663 (0.506–0.854) | 2.065 (1.569–7.369) |",
+                 "| gateway's below | 9 | 0.985 (0.961–1.058) | 1.004 (0.868–1.297) |"):
         assert line in out, line
     # the share of late first tokens (over 1.2 s) by pick: most recently used here, random later
     assert "| gateway | below | 9 | 0.2% (0.1%–1.1%) |" in out
     balance = printed(capsys, "api_split", [str(RESULTS / "twin-api2-balance-h200x2" / "rows.json.gz")])
     assert "| gateway | below | 16 | 10.9% (3.0%–21.0%) |" in balance
     assert "| direct | below | 15 | 0.4% (0.0%–2.7%) |" in balance
+    # the shipped pick (fewest busy, then most recently used): the gateway's split even, the kernel's not
+    pick = printed(capsys, "api_split", [str(RESULTS / "twin-api2-pick-h200x2" / "rows.json.gz")])
+    for line in ("| 7 ga | direct:b | 104 | 750 | 414 / 25 | 414 / 25 | 647 / 452 | 1.00 / 0.46 | 11.9% |",
+                 "| 7 ga | gateway:a | 414 | 366 | 256 / 256 | 534 / 491 | 534 / 491 | 0.94 / 0.93 | 0.0% |",
+                 "| gateway | below | 12 | 0.0% (0.0%–1.2%) |",
+                 "| direct's busier API server ≤ 0.65 | 8 | 1.022 (0.965–1.065) | 0.982 (0.904–1.050) |"):
+        assert line in pick, line
     stats = printed(capsys, "twin_stats", ["--slow-ttft-ms", "2400", rows])
     assert "| tokens/s | 0.882 (0.721–0.972), 1 of 7 |" in stats
     assert "| TTFT p50 | 1.455 (1.118–2.529), 6 of 7 |" in stats
+    pick_stats = printed(capsys, "twin_stats",
+                         ["--slow-ttft-ms", "2400", str(RESULTS / "twin-api2-pick-h200x2" / "rows.json.gz")])
+    assert "| tokens/s | 1.031 (1.001–1.108), 5 of 6 |" in pick_stats
+    assert "| TTFT p50 | 0.976 (0.846–1.021), 3 of 6 |" in pick_stats
+    assert "| TTFT p99 | 0.893 (0.632–0.947), 0 of 6 |" in pick_stats

@@ -212,6 +212,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--collapse", type=float, default=185.0, help="tokens an engine step below which a window counts")
     ap.add_argument("--skew", type=float, default=0.8, help="busier API server's share of active connections")
     ap.add_argument("--late-ms", type=float, default=1200.0, help="a first token later than this counts as late")
+    ap.add_argument("--even", type=float, default=0.65,
+                    help="the direct side's busier share at or below which its split counts as even")
     a = ap.parse_args(argv)
     rows = [r for f in a.rows for r in json.loads((gzip.open if f.endswith(".gz") else open)(f, "rt").read())]
     got = windows(rows, a.late_ms)
@@ -243,15 +245,20 @@ def main(argv: list[str] | None = None) -> None:
             if late:
                 mid = statistics.median(late)
                 print(f"| {role} | {label} | {len(late)} | {mid:.1%} ({late[0]:.1%}–{late[-1]:.1%}) |")
-    # each pass's gateway side against its direct side (two GPUs: not a swap pair), by the gateway's skew
-    skew = {w["pass"]: (w["busier_share"] or 0) >= a.skew for w in got if w["path"].startswith("gateway")}
+    # each pass's gateway side against its direct side (two GPUs: not a swap pair), by the gateway's skew,
+    # then by the direct side's: the kernel splits a direct client's connections, so it can be the skewed one
+    share = {(w["pass"], w["path"].split(":")[0]): w["busier_share"] or 0.0 for w in got}
     two = [r for r in rows if r.get("api_split") and len(r["sides"]) == 2]  # pick_pairs.py's passes have one side
     if not two:
         return
-    print("\n| gateway's side | passes | gateway ÷ direct in the same pass, median (range): tokens/s | TTFT p50 |")
+    print("\n| split | passes | gateway ÷ direct in the same pass, median (range): tokens/s | TTFT p50 |")
     print("|---|---|---|---|")
-    for label, want in (("busier API server ≥ " + str(a.skew), True), ("below", False)):
-        ratios = [_ratios(r) for r in two if skew.get(r["pass"]) is want]
+    groups = ((f"gateway's busier API server ≥ {a.skew}", lambda n: share.get((n, "gateway"), 0.0) >= a.skew),
+              ("gateway's below", lambda n: share.get((n, "gateway"), 0.0) < a.skew),
+              (f"direct's busier API server ≤ {a.even}", lambda n: share.get((n, "direct"), 1.0) <= a.even),
+              ("direct's above", lambda n: share.get((n, "direct"), 0.0) > a.even))
+    for label, want in groups:
+        ratios = [_ratios(r) for r in two if want(r["pass"])]
         if ratios:
             tok, ttft = sorted(x[0] for x in ratios), sorted(x[1] for x in ratios)
             print(f"| {label} | {len(ratios)} | {statistics.median(tok):.3f} ({tok[0]:.3f}–{tok[-1]:.3f}) | "
