@@ -253,12 +253,12 @@ def main(argv: list[str] | None = None) -> None:
         return
     print("\n| split | passes | gateway ÷ direct in the same pass, median (range): tokens/s | TTFT p50 |")
     print("|---|---|---|---|")
-    groups = ((f"gateway's busier API server ≥ {a.skew}", lambda n: share.get((n, "gateway"), 0.0) >= a.skew),
-              ("gateway's below", lambda n: share.get((n, "gateway"), 0.0) < a.skew),
-              (f"direct's busier API server ≤ {a.even}", lambda n: share.get((n, "direct"), 1.0) <= a.even),
-              ("direct's above", lambda n: share.get((n, "direct"), 0.0) > a.even))
-    for label, want in groups:
-        ratios = [_ratios(r) for r in two if want(r["pass"])]
+    groups = ((f"gateway's busier API server ≥ {a.skew}", "gateway", lambda x: x >= a.skew),
+              ("gateway's below", "gateway", lambda x: x < a.skew),
+              (f"direct's busier API server ≤ {a.even}", "direct", lambda x: x <= a.even),
+              ("direct's above", "direct", lambda x: x > a.even))
+    for label, role, want in groups:
+        ratios = [_ratios(r) for r in two if (r["pass"], role) in share and want(share[r["pass"], role])]
         if ratios:
             tok, ttft = sorted(x[0] for x in ratios), sorted(x[1] for x in ratios)
             print(f"| {label} | {len(ratios)} | {statistics.median(tok):.3f} ({tok[0]:.3f}–{tok[-1]:.3f}) | "
