@@ -111,7 +111,8 @@ def test_the_write_up_matches_its_rows(capsys: pytest.CaptureFixture[str]) -> No
     assert "| gateway | below | 16 | 10.9% (3.0%–21.0%) |" in balance
     assert "| direct | below | 15 | 0.4% (0.0%–2.7%) |" in balance
     # the shipped pick (fewest busy, then most recently used): the gateway's split even, the kernel's not
-    pick = printed(capsys, "api_split", [str(RESULTS / "twin-api2-pick-h200x2" / "rows.json.gz")])
+    pick_rows = str(RESULTS / "twin-api2-pick-h200x2" / "rows.json.gz")
+    pick = printed(capsys, "api_split", [pick_rows])
     for line in ("| 7 ga | direct:b | 104 | 750 | 414 / 25 | 414 / 25 | 647 / 452 | 1.00 / 0.46 | 11.9% |",
                  "| 7 ga | gateway:a | 414 | 366 | 256 / 256 | 534 / 491 | 534 / 491 | 0.94 / 0.93 | 0.0% |",
                  "| gateway | below | 12 | 0.0% (0.0%–1.2%) |",
@@ -120,8 +121,7 @@ def test_the_write_up_matches_its_rows(capsys: pytest.CaptureFixture[str]) -> No
     stats = printed(capsys, "twin_stats", ["--slow-ttft-ms", "2400", rows])
     assert "| tokens/s | 0.882 (0.721–0.972), 1 of 7 |" in stats
     assert "| TTFT p50 | 1.455 (1.118–2.529), 6 of 7 |" in stats
-    pick_stats = printed(capsys, "twin_stats",
-                         ["--slow-ttft-ms", "2400", str(RESULTS / "twin-api2-pick-h200x2" / "rows.json.gz")])
+    pick_stats = printed(capsys, "twin_stats", ["--slow-ttft-ms", "2400", pick_rows])
     assert "| tokens/s | 1.031 (1.001–1.108), 5 of 6 |" in pick_stats
     assert "| TTFT p50 | 0.976 (0.846–1.021), 3 of 6 |" in pick_stats
     assert "| TTFT p99 | 0.893 (0.632–0.947), 0 of 6 |" in pick_stats
