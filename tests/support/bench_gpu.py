@@ -23,6 +23,8 @@ POOL512 = str(RESULTS / "twin-pool512-h200x2" / "rows.json.gz")
 IDLE = str(RESULTS / "twin-idle-h200x2" / "rows.json.gz")
 # plain passes alternated with passes whose direct side's idle connections a process of their own held
 HOLDER = str(RESULTS / "twin-holder-h200x2" / "rows.json.gz")
+# plain passes with the gateway as shipped at 07482de, two machines (twin-defaults-pick)
+DEFAULTS_PICK = [str(RESULTS / "twin-defaults-pick-h200x2" / f) for f in ("rows.json.gz", "rows-2.json.gz")]
 
 
 def load(name: str, folder: Path = GPU_BENCH) -> ModuleType:
