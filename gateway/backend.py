@@ -123,7 +123,7 @@ class Backend:
                 "running": self.load.running, "waiting": self.load.waiting, "kv_cache_usage": self.load.kv_usage,
                 "prefix_cache_hit_rate": (self.load.prefix_hits / self.load.prefix_queries
                                           if self.load.prefix_queries else None),
-                "age_s": round(time.monotonic() - self.load.at, 3)},
+                "age_s": round(time.monotonic() - self.load.at, 3), "stalled": self.load.stalled},
         }
 
 

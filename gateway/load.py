@@ -6,11 +6,19 @@ writes a backend's ``load``, routing (routing.py) reads it. The gateway's own in
 cannot see (requests from other clients, the engine's queue, KV-cache pressure) with up to one
 interval of delay. A scrape older than ``STALE_INTERVALS`` intervals (the backend stopped answering
 /metrics) is ignored and routing falls back to in-flight counts alone.
+
+So is a scrape whose requests make no progress: running or waiting above 0 while the token counters
+have not moved for ``STALL_INTERVALS`` intervals. vLLM with several API servers
+(``--api-server-count 2``) can leave ``num_requests_running`` at the count of the requests cut off
+at once (clients gone) and hold it there, the counters flat, until its next request: 3 of 5 cuts
+of 512 streams on an H200 (bench/gpu/results/cut-gauges-h200). Believed, that phantom load would
+keep load-aware routing off the replica, and so keep the next request, the one that clears it,
+away for good. A replica that runs anything moves its counters every engine step.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 
@@ -22,6 +30,7 @@ class Loaded(Protocol):
 
 
 STALE_INTERVALS = 3
+STALL_INTERVALS = 5
 # vLLM ≥ 0.10 calls the KV-cache gauge kv_cache_usage_perc; older releases gpu_cache_usage_perc.
 _SERIES = {
     b"vllm:num_requests_running": "running",
@@ -30,6 +39,8 @@ _SERIES = {
     b"vllm:gpu_cache_usage_perc": "kv_usage",
     b"vllm:prefix_cache_hits_total": "prefix_hits",
     b"vllm:prefix_cache_queries_total": "prefix_queries",
+    b"vllm:prompt_tokens_total": "tokens",
+    b"vllm:generation_tokens_total": "tokens",
 }
 
 
@@ -42,6 +53,9 @@ class UpstreamLoad:
     prefix_queries: float = 0.0
     at: float = 0.0  # monotonic time of the scrape
     gateway_in_flight: int = 0  # the gateway's in-flight count (every worker's) when the scrape arrived
+    tokens: float | None = None  # prompt + generated tokens since the server started; None: not exposed
+    flat_since: float = 0.0  # busy with the counters still since this time (settle); 0 when not busy
+    stalled: bool = False  # busy, counters flat for STALL_INTERVALS: not believed (_fresh)
 
 
 def parse_load(text: bytes, at: float = 0.0, gateway_in_flight: int = 0) -> UpstreamLoad:
@@ -68,12 +82,24 @@ def parse_load(text: bytes, at: float = 0.0, gateway_in_flight: int = 0) -> Upst
             found[field] = max(found.get(field, 0.0), value)
         else:
             found[field] = found.get(field, 0.0) + value
-    return UpstreamLoad(at=at, gateway_in_flight=gateway_in_flight, **found)
+    g = found.get
+    return UpstreamLoad(g("running", 0.0), g("waiting", 0.0), g("kv_usage", 0.0), g("prefix_hits", 0.0),
+                        g("prefix_queries", 0.0), at, gateway_in_flight, g("tokens"))
+
+
+def settle(last: UpstreamLoad | None, new: UpstreamLoad, stall_after: float) -> UpstreamLoad:
+    """``new`` judged against the backend's ``last`` scrape: stalled once it has been busy with its
+    token counters flat for ``stall_after`` seconds. A backend that exposes no counters is never."""
+    if new.tokens is None or new.running + new.waiting <= 0:
+        return new
+    flat = last is not None and last.running + last.waiting > 0 and last.tokens == new.tokens
+    since = last.flat_since if flat and last is not None else new.at
+    return replace(new, flat_since=since, stalled=new.at - since >= stall_after)
 
 
 def _fresh(b: Loaded, now: float, max_age: float) -> UpstreamLoad | None:
     u = b.load
-    return u if u is not None and now - u.at <= max_age else None
+    return u if u is not None and not u.stalled and now - u.at <= max_age else None
 
 
 def load_estimate(b: Loaded, in_flight: int, now: float, max_age: float) -> float:

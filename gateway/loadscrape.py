@@ -13,7 +13,7 @@ from collections.abc import Callable
 import aiohttp
 
 from gateway.backend import Backend, BackendSet
-from gateway.load import parse_load
+from gateway.load import STALL_INTERVALS, parse_load, settle
 from gateway.poller import BackendPoller
 
 log = logging.getLogger("gateway.loadscrape")
@@ -40,4 +40,9 @@ class LoadScraper(BackendPoller):
         except (TimeoutError, aiohttp.ClientError) as e:
             log.debug("load scrape of %s failed: %s", b.name, e)
             return
-        b.load = parse_load(body, time.monotonic(), self.count(b))
+        last = b.load
+        b.load = new = settle(last, parse_load(body, time.monotonic(), self.count(b)), STALL_INTERVALS * self.interval)
+        if new.stalled and not (last is not None and last.stalled):
+            log.warning("%s: /metrics says %g running and %g waiting, but no token has moved for %.0f s; "
+                        "routing counts only the gateway's own requests there until one does",
+                        b.name, new.running, new.waiting, new.at - new.flat_since)

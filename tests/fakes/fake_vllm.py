@@ -14,7 +14,9 @@ health_status, health_fail_next (answer the next N /health calls with 503, then 
 again), drop_after (abort the connection before token N of a stream; N at or past its last
 token: after the last, before the usage chunk and ``[DONE]``), merge (tokens per stream event, as vLLM
 v1 merges deltas when its API server falls behind its engine), load_running / load_waiting / load_kv (added to
-what /metrics reports, as if other clients used the server), validate (check the request
+what /metrics reports, as if other clients used the server), load_tokens (null: /metrics has no token
+counter; a number: its ``vllm:generation_tokens_total``, which grows by load_tokens_step at each read, as
+a busy engine's does; a step of 0 is vLLM's stuck gauges: load reported, nothing moving), validate (check the request
 fields as vLLM does and answer 400 for a bad one: ``max_tokens`` an integer in [1, 2048], ``n`` an
 integer in [1, 16], ``stream`` a boolean; ``fake_latency`` is then ignored, so fuzzed bodies can
 neither stall nor flood the fake), eof_delay (s between a stream's ``[DONE]`` and the end of its
@@ -62,7 +64,7 @@ from fake_stream import Events, continue_problem, continued_from, prompt_words  
 KNOBS: dict[str, Any] = {
     "latency": 0.0, "token_delay": 0.0, "tokens": 8, "status": 200, "hang": False,
     "health_status": 200, "health_fail_next": 0, "drop_after": -1, "merge": 1, "validate": False,
-    "load_running": 0, "load_waiting": 0, "load_kv": 0.0,
+    "load_running": 0, "load_waiting": 0, "load_kv": 0.0, "load_tokens": None, "load_tokens_step": 0,
     "sleep_delay": 0.0, "wake_delay": 0.0, "wake_fail": False, "eof_delay": 0.0,
 }
 STATS = {"requests_total": 0, "in_flight": 0, "peak_in_flight": 0, "cancelled": 0, "completed": 0,
@@ -168,6 +170,9 @@ class Fake:
             f'vllm:num_requests_waiting{{model_name="{self.models[0]}"}} {KNOBS["load_waiting"]}\n'
             f'vllm:kv_cache_usage_perc{{model_name="{self.models[0]}"}} {KNOBS["load_kv"]}\n'
         )
+        if KNOBS["load_tokens"] is not None:
+            KNOBS["load_tokens"] += KNOBS["load_tokens_step"]
+            text += f'vllm:generation_tokens_total{{model_name="{self.models[0]}"}} {KNOBS["load_tokens"]}\n'
         return web.Response(text=text, content_type="text/plain")
 
     async def stats(self, _: web.Request) -> web.Response:

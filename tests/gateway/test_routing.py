@@ -12,7 +12,7 @@ import pytest
 from fleetspec.policies import Policy
 from fleetspec.tiers import VramTier
 from gateway.backend import Backend, BackendSet
-from gateway.load import UpstreamLoad, load_estimate, load_score, parse_load
+from gateway.load import UpstreamLoad, load_estimate, load_score, parse_load, settle
 from gateway.pool import BackendPool
 from gateway.prefix import BLOCK_CHARS, HashRing, PrefixIndex, block_hashes, prompt_text
 from gateway.routing import OVERLOADED, PREFIX_MATCH, PREFIX_MISS, SESSION, Router, hint_for
@@ -61,6 +61,50 @@ def test_load_estimate_adds_what_others_send_and_drops_stale_scrapes() -> None:
     assert load_estimate(b, 3, now, 3.0) == 3 + 4
     assert load_score(b, 3, now, 3.0) == 3 + 4 + 1 + 4.0 * 0.5
     assert load_estimate(b, 3, now + 10, 3.0) == load_score(b, 3, now + 10, 3.0) == 3  # stale: own count only
+
+
+def test_parse_load_sums_the_token_counters() -> None:
+    text = (b'vllm:prompt_tokens_total{engine="0",model_name="tiny"} 100.0\n'
+            b'vllm:prompt_tokens_created{engine="0",model_name="tiny"} 1.7e9\n'
+            b'vllm:generation_tokens_total{engine="0",model_name="tiny"} 250.0\n')
+    assert parse_load(text).tokens == 350.0
+    assert parse_load(EXPOSITION).tokens is None  # no counter: settle never calls it stalled
+
+
+def _scrape(at: float, running: float, tokens: float | None) -> UpstreamLoad:
+    return UpstreamLoad(running=running, tokens=tokens, at=at)
+
+
+def test_a_busy_scrape_whose_counters_stay_flat_stalls_and_is_not_believed() -> None:
+    last = None
+    stalled = []
+    # vLLM's stuck gauge as measured: 108 running from t=0, the counters flat from then on.
+    for t in range(8):
+        last = settle(last, _scrape(float(t), 108, 5000.0), stall_after=5.0)
+        stalled.append(last.stalled)
+    assert stalled == [False] * 5 + [True] * 3  # from 5 s of no progress on
+    b = _b("a", in_flight=1, load=last)
+    assert load_estimate(b, 1, 7.0, 3.0) == load_score(b, 1, 7.0, 3.0) == 1  # the gateway's own only
+    # The next request moves the counters (and, in vLLM, clears the gauge): believed again.
+    moved = settle(last, _scrape(8.0, 1, 5004.0), stall_after=5.0)
+    assert not moved.stalled and moved.flat_since == 8.0
+
+
+def test_settle_starts_counting_when_a_replica_turns_busy_and_spares_counterless_ones() -> None:
+    idle = settle(None, _scrape(0.0, 0, 100.0), 5.0)
+    # Idle for an hour, counters flat all along: a request starting now is not a stall.
+    busy = settle(settle(idle, _scrape(3600.0, 0, 100.0), 5.0), _scrape(3601.0, 3, 100.0), 5.0)
+    assert (busy.stalled, busy.flat_since) == (False, 3601.0)
+    # Busy and moving: never stalled, however long.
+    last = busy
+    for t in range(3602, 3620):
+        last = settle(last, _scrape(float(t), 3, 100.0 + t), 5.0)
+        assert not last.stalled
+    # No counters exposed (another server, an old vLLM): the gauges are taken as they are.
+    last = None
+    for t in range(20):
+        last = settle(last, _scrape(float(t), 9, None), 5.0)
+    assert last is not None and not last.stalled
 
 
 def _pool(policy: Policy, *backends: Backend, factor: float = 1.25) -> tuple[BackendPool, list[tuple[str, ...]]]:

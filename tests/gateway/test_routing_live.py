@@ -7,6 +7,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -103,6 +104,36 @@ def test_load_aware_avoids_the_replica_vllm_says_is_busy(tmp_path: Path, pair: t
         assert d[("m", "load_aware", "balanced")] == 20 and d[("n", "round_robin", "balanced")] == 10
         routing = httpx.get(gw.url + "/fleet").json()["routing"]
         assert (routing["m"]["policy"], routing["n"]["policy"]) == ("load_aware", "round_robin")
+    finally:
+        gw.stop()
+
+
+def test_load_aware_stops_believing_gauges_that_nothing_moves(tmp_path: Path,
+                                                              pair: tuple[FakeVllm, FakeVllm]) -> None:
+    """vLLM's stuck gauge (bench/gpu/results/cut-gauges-h200): requests cut off at once left
+    running at 108 with the token counters flat until the next request. A replica that is busy
+    moves its counters and is still avoided; one that only says so is routed to again."""
+    a, b = pair
+    gw = _gateway(tmp_path, pair, FLEET_ROUTING_POLICY="load_aware")
+
+    def load_of_a() -> dict[str, Any]:
+        return next(x["load"] or {} for x in httpx.get(gw.url + "/fleet").json()["backends"]
+                    if x["name"] == f"fake-{a.port}")
+    try:
+        msgs = [{"role": "user", "content": "hello"}]
+        a.configure(load_running=108, load_tokens=5000, load_tokens_step=40)  # busy: its counters move
+        assert wait_until(lambda: load_of_a().get("running") == 108)
+        time.sleep(1.0)  # twice the stall window (5 scrapes of 0.1 s): moving counters never stall
+        assert load_of_a()["stalled"] is False
+        assert collections.Counter(_chat(gw, msgs) for _ in range(10)) == {f"fake-{b.port}": 10}
+        a.configure(load_tokens_step=0)  # the same 108, nothing moving: vLLM's stuck gauge
+        assert wait_until(lambda: load_of_a().get("stalled") is True)
+        got = collections.Counter(_chat(gw, msgs) for _ in range(10))
+        assert got[f"fake-{a.port}"] >= 4, got  # in-flight counts alone: both replicas again
+        assert "no token has moved for" in gw.log.read_text()
+        a.configure(load_tokens_step=40)  # moving again: believed, and avoided
+        assert wait_until(lambda: load_of_a().get("stalled") is False)
+        assert collections.Counter(_chat(gw, msgs) for _ in range(10)) == {f"fake-{b.port}": 10}
     finally:
         gw.stop()
 
