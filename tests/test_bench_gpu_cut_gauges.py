@@ -1,0 +1,71 @@
+"""vLLM's gauges after cut streams, two API servers, one H200 (bench/gpu/results/cut-gauges-h200):
+the write-up's figures against the saved rows of both runs."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from typing import Any
+
+import pytest
+
+from tests.support.bench_gpu import RESULTS, printed
+
+FOLDER = RESULTS / "cut-gauges-h200"
+SHIPPED, STALL = str(FOLDER / "rows.json.gz"), str(FOLDER / "rows-stall.json.gz")
+
+
+def _rows(path: str) -> list[dict[str, Any]]:
+    with gzip.open(path, "rt") as f:
+        rows: list[dict[str, Any]] = json.load(f)
+    return rows
+
+
+def _stuck(rows: list[dict[str, Any]]) -> dict[int, float]:
+    return {r["trial"]: r["summary"]["stuck_busy"][0] for r in rows if "stuck_busy" in r["summary"]}
+
+
+def test_the_shipped_gateway_believed_vllms_stuck_gauges() -> None:
+    rows = _rows(SHIPPED)
+    assert len(rows) == 9 and _stuck(rows) == {0: 15.0, 6: 108.0, 8: 47.0}
+    for r in rows:
+        s = r["summary"]
+        assert r["side"]["errors"] == 0
+        if "stuck_busy" in s:
+            assert r["kind"] == "d" and s["zero_at_s"] is None and len(s["stuck_busy"]) == 1
+            assert s["tokens_moved_while_stuck"] == {"generation": 0.0, "prompt": 0.0}
+            assert s["gateway_load_at_end"]["running"] == s["stuck_busy"][0]  # taken as load
+            assert s["busy_after_poke_1"] == 0.0  # one request cleared it
+        else:
+            assert s["zero_at_s"] is not None and s["zero_at_s"] <= 0.8
+    assert [s["summary"]["watched_s"] for s in rows if s["trial"] in (0, 6, 8)] == [59.68, 44.56, 44.72]
+
+
+def test_this_change_flags_them_after_five_seconds_and_never_under_load() -> None:
+    rows = _rows(STALL)
+    assert len(rows) == 13 and _stuck(rows) == {10: 80.0, 12: 6.0}
+    by = {r["trial"]: r["summary"] for r in rows}
+    assert (by[10]["gateway_stalled_at_s"], by[12]["gateway_stalled_at_s"]) == (5.15, 5.76)
+    assert (by[10]["watched_s"], by[12]["watched_s"]) == (89.47, 89.98)
+    assert all(by[n]["gateway_load_at_end"]["stalled"] is True for n in (10, 12))
+    assert all(s["gateway_stalled_at_s"] is None for n, s in by.items() if n not in (10, 12))
+    under = [x for r in rows for x in r["during_load"]]
+    assert len(under) == 261 and not any((x.get("gateway_load") or {}).get("stalled") for x in under)
+    assert max(x["busy"] for x in under) == 512.0
+
+
+def test_the_counts_and_the_write_up() -> None:
+    rows = _rows(SHIPPED) + _rows(STALL)
+    direct = [r for r in rows if r["kind"] == "d"]
+    gateway = [r for r in rows if r["kind"] == "g"]
+    assert (len(direct), sum("stuck_busy" in r["summary"] for r in direct)) == (17, 5)
+    assert (len(gateway), sum("stuck_busy" in r["summary"] for r in gateway)) == (5, 0)
+    text = (FOLDER / "README.md").read_text()
+    for quoted in ("5 of 17 direct cuts and 0 of 5", "p = 0.29", "at **5.15 s**", "at **5.76 s**",
+                   "none of 261 samples", "0 of 221", "running **108**", "running **80**"):
+        assert quoted in text, quoted
+
+
+def test_the_report_prints(capsys: pytest.CaptureFixture[str]) -> None:
+    out = printed(capsys, "cut_gauges", ["report", STALL])
+    assert "| 10 | direct | not in 89.47 | [80.0] |" in out and "| 5.15 | 0 of 20 |" in out
