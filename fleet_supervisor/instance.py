@@ -49,6 +49,7 @@ class InstanceSupervisor:
         self._session = session
         self._metrics = metrics
         self._console = console
+        self.drain_stalled_s = cfg.drain_stalled_s  # drain.py: busy gauges, counters flat this long: drained
         self.state = State.STOPPED
         self.epoch = 0  # bumped by every move; the gateways acknowledge drains per epoch
         self.since = time.time()

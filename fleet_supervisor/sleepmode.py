@@ -15,6 +15,7 @@ from typing import Any
 import aiohttp
 
 _BUSY_SERIES = (b"vllm:num_requests_running", b"vllm:num_requests_waiting")
+_TOKEN_SERIES = (b"vllm:prompt_tokens_total", b"vllm:generation_tokens_total")
 
 
 class SleepModeError(RuntimeError):
@@ -60,18 +61,27 @@ async def wake(session: aiohttp.ClientSession, base: str, level: int, limit_s: f
         raise SleepModeError(f"{base} still says it is sleeping after POST /wake_up")
 
 
-async def engine_idle(session: aiohttp.ClientSession, base: str, limit_s: float = 5.0) -> bool:
-    """The engine runs and queues nothing (vLLM's own /metrics). A server without those series
-    (not vLLM) counts as idle: the gateways' drain acknowledgements are then the only check."""
+async def engine_load(session: aiohttp.ClientSession, base: str, limit_s: float = 5.0
+                      ) -> tuple[float, float | None] | None:
+    """What the engine runs and queues, and its token counters' sum (None: it has none), from vLLM's
+    own /metrics; None when that did not answer. A server without those series (not vLLM) runs
+    nothing: the gateways' drain acknowledgements are then the only check."""
     try:
         body = await _call(session, "GET", f"{base}/metrics", limit_s)
     except SleepModeError:
-        return False
-    busy = 0.0
+        return None
+    busy, tokens = 0.0, None
     for line in body.splitlines():
-        if line.startswith(_BUSY_SERIES):
-            try:
-                busy += float(line.rsplit(b" ", 1)[1])
-            except (IndexError, ValueError):
-                continue
-    return busy == 0
+        series = _BUSY_SERIES if line.startswith(_BUSY_SERIES) else _TOKEN_SERIES if line.startswith(
+            _TOKEN_SERIES) else None
+        if series is None:
+            continue
+        try:
+            value = float(line.rsplit(b" ", 1)[1])
+        except (IndexError, ValueError):
+            continue
+        if series is _BUSY_SERIES:
+            busy += value
+        else:
+            tokens = (tokens or 0.0) + value
+    return busy, tokens

@@ -60,6 +60,10 @@ class SupervisorSection(_Strict):
     orphan_grace_s: float = Field(3.0, ge=0, description="instead of stop_grace_s, if shorter, when the API server "
                                   "already died (a crash): nobody will shut its leftovers (EngineCore, workers) "
                                   "down, and the restart and their GPU memory wait for them")
+    drain_stalled_s: float = Field(30.0, ge=0, description="a draining instance whose /metrics still says requests "
+                                   "run or wait, with its token counters flat this long, counts as drained (vLLM "
+                                   "with several API servers can leave its gauges up after cut streams); 0: wait "
+                                   "for the gauges however long")
     backoff_initial_s: float = Field(1.0, ge=0, description="first restart delay; restart n waits initial × 2^(n−1)")
     backoff_max_s: float = Field(60.0, ge=0, description="cap of the restart delay")
     start_retries: int = Field(5, ge=0, description="FATAL (stays down) once rapid failures in a row exceed this")

@@ -51,12 +51,13 @@ class Swap:
 
 
 def start(tmp_path: Path, reaper: Reaper, up_procs: list[Up], a: dict[str, Any] | None = None,
-          b: dict[str, Any] | None = None, env: dict[str, str] | None = None, hold_s: float = 2.0) -> Swap:
+          b: dict[str, Any] | None = None, env: dict[str, str] | None = None, hold_s: float = 2.0,
+          **supervisor: Any) -> Swap:
     metrics = free_port()
     sleep_a = {"mode": "vllm", "share": 0.6, **(a or {})}
     sleep_b = {"mode": "vllm", "share": 0.6, "preload": True, **(b or {})}
     doc = fleet_doc(tmp_path, [{"name": "a", "model": "ma", "sleep": sleep_a},
-                               {"name": "b", "model": "mb", "sleep": sleep_b}], metrics_port=metrics)
+                               {"name": "b", "model": "mb", "sleep": sleep_b}], metrics_port=metrics, **supervisor)
     del doc["gateway_command"]  # the real gateway
     doc["swap"] = {"hold_s": hold_s}
     ports = {i["name"]: i["port"] for i in doc["instances"]}
@@ -230,6 +231,27 @@ def test_admin_sleep_and_wake_need_the_admin_key(tmp_path: Path, reaper: Reaper,
     missing = httpx.post(f"{s.gw}/admin/instances/nope/sleep", headers={"Authorization": f"Bearer {key}"})
     assert missing.status_code == 404 and "no instance named 'nope'" in missing.json()["error"]["message"]
     assert 'fleet_swaps_total{reason="admin"} 1.0' in s.metrics()
+    s.never_asleep_hit()
+
+
+def test_a_drain_waits_for_a_busy_engine_but_not_for_gauges_nothing_moves(tmp_path: Path, reaper: Reaper,
+                                                                          up_procs: list[Up]) -> None:
+    """vLLM with two API servers left num_requests_running up after cut streams, its token counters
+    flat, until its next request (bench/gpu/results/cut-gauges-h200); a draining instance gets none.
+    Busy gauges whose counters move hold the drain; flat ones for drain_stalled_s do not."""
+    s = start(tmp_path, reaper, up_procs, drain_stalled_s=1.5)
+    key = (tmp_path / "state" / "admin.key").read_text().strip()
+    s.configure("b", load_running=5, load_tokens=100, load_tokens_step=10)  # another client's work, running
+    r = httpx.post(f"{s.gw}/admin/instances/b/sleep", headers={"Authorization": f"Bearer {key}"})
+    assert r.status_code == 200, r.text
+    wait_until(lambda: s.states()["b"] == "DRAINING", 10, "b draining")
+    time.sleep(3.0)  # twice drain_stalled_s: moving counters keep it draining
+    assert s.states()["b"] == "DRAINING"
+    began = time.monotonic()
+    s.configure("b", load_tokens_step=0)  # the same 5, nothing moving: vLLM's stuck gauges
+    wait_until(lambda: s.states()["b"] == "SLEEPING", 10, "b asleep")
+    assert time.monotonic() - began >= 1.4
+    assert "drained: vLLM's /metrics still says 5 running or waiting, but no token has moved for 1.5 s" in s.up.output()
     s.never_asleep_hit()
 
 
