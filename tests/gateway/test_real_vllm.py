@@ -103,11 +103,13 @@ def test_load_aware_and_prefix_aware_read_real_vllm_metrics(real_vllm: RealVllm,
                 {"role": "system", "content": "You are a helpful assistant. " * 60}, {"role": "user", "content": "hi"}])
         after = parse_load(httpx.get(real_vllm.url + "/metrics").content)
         assert after.prefix_queries > before.prefix_queries and after.prefix_hits > before.prefix_hits
+        # The token counters a stalled scrape is judged by (load.settle) exist and move with traffic.
+        assert before.tokens is not None and after.tokens is not None and after.tokens > before.tokens
         # A scrape taken after the chats: before them a fresh vLLM has no prefix queries (no hit rate).
         assert wait_until(lambda: (httpx.get(g.url + "/fleet").json()["backends"][0]["load"] or {})
                           .get("prefix_cache_hit_rate") is not None)
         load = httpx.get(g.url + "/fleet").json()["backends"][0]["load"]
-        assert 0 <= load["kv_cache_usage"] <= 1
+        assert 0 <= load["kv_cache_usage"] <= 1 and load["stalled"] is False
         metrics = httpx.get(g.url + "/metrics").text
         assert ('fleet_routing_decisions_total{model="tiny-a",policy="prefix_aware",reason="prefix_match"} 1.0'
                 in metrics)
