@@ -10,8 +10,8 @@ interval of delay. A scrape older than ``STALE_INTERVALS`` intervals (the backen
 So is a scrape whose requests make no progress: running or waiting above 0 while the token counters
 have not moved for ``STALL_INTERVALS`` intervals. vLLM with several API servers
 (``--api-server-count 2``) can leave ``num_requests_running`` at the count of the requests cut off
-at once (clients gone) and hold it there, the counters flat, until its next request: 3 of 5 cuts
-of 512 streams on an H200 (bench/gpu/results/cut-gauges-h200). Believed, that phantom load would
+at once (clients gone) and hold it there, the counters flat, until its next request: 5 of 17
+cuts of 512 streams on an H200 (bench/gpu/results/cut-gauges-h200). Believed, that phantom load would
 keep load-aware routing off the replica, and so keep the next request, the one that clears it,
 away for good. A replica that runs anything moves its counters every engine step.
 """
@@ -83,8 +83,9 @@ def parse_load(text: bytes, at: float = 0.0, gateway_in_flight: int = 0) -> Upst
         else:
             found[field] = found.get(field, 0.0) + value
     g = found.get
-    return UpstreamLoad(g("running", 0.0), g("waiting", 0.0), g("kv_usage", 0.0), g("prefix_hits", 0.0),
-                        g("prefix_queries", 0.0), at, gateway_in_flight, g("tokens"))
+    return UpstreamLoad(running=g("running", 0.0), waiting=g("waiting", 0.0), kv_usage=g("kv_usage", 0.0),
+                        prefix_hits=g("prefix_hits", 0.0), prefix_queries=g("prefix_queries", 0.0), at=at,
+                        gateway_in_flight=gateway_in_flight, tokens=g("tokens"))
 
 
 def settle(last: UpstreamLoad | None, new: UpstreamLoad, stall_after: float) -> UpstreamLoad:
