@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import gzip
 import json
 import os
 import re
@@ -45,6 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from detached_up import launch_up, stop
 from gpu_fleet import GW, base_fleet, fleet_healthy, inst, instances, wait
 from pin import cores
+from twin_stats import load as load_rows
 
 HERE = Path(__file__).resolve().parent
 PORT = 8001
@@ -214,8 +214,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--vllm-command", help="start: the fleet file's vllm_command")
     a = ap.parse_args(argv)
     if a.phase == "report":
-        rows = [r for f in a.rows for r in json.loads((gzip.open if f.endswith(".gz") else open)(f, "rt").read())]
-        print(report(rows))
+        print(report(load_rows(a.rows)))
         return
     w = Path(a.out)
     w.mkdir(parents=True, exist_ok=True)
