@@ -52,12 +52,15 @@ async def _drained(inst: InstanceSupervisor, epoch: int, session: aiohttp.Client
     stall = Stall(inst.drain_stalled_s)
     while True:
         load = await sleepmode.engine_load(session, base)
-        if load is not None and (load[0] == 0 or stall.seen(*load, time.monotonic())):
-            break
+        if load is not None:
+            busy, tokens = load
+            if busy == 0:
+                return
+            if stall.seen(busy, tokens, time.monotonic()):
+                inst.say(f"drained: vLLM's /metrics still says {busy:g} running or waiting, but no token has "
+                         f"moved for {stall.limit_s:g} s (gauges left up after cut streams)")
+                return
         await asyncio.sleep(_IDLE_POLL_S)
-    if load is not None and load[0] > 0:
-        inst.say(f"drained: vLLM's /metrics still says {load[0]:g} running or waiting, but no token has "
-                 f"moved for {stall.limit_s:g} s (gauges left up after cut streams)")
 
 
 class Stall:

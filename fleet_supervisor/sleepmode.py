@@ -72,15 +72,14 @@ async def engine_load(session: aiohttp.ClientSession, base: str, limit_s: float 
         return None
     busy, tokens = 0.0, None
     for line in body.splitlines():
-        series = _BUSY_SERIES if line.startswith(_BUSY_SERIES) else _TOKEN_SERIES if line.startswith(
-            _TOKEN_SERIES) else None
-        if series is None:
+        is_busy = line.startswith(_BUSY_SERIES)
+        if not is_busy and not line.startswith(_TOKEN_SERIES):
             continue
         try:
             value = float(line.rsplit(b" ", 1)[1])
         except (IndexError, ValueError):
             continue
-        if series is _BUSY_SERIES:
+        if is_busy:
             busy += value
         else:
             tokens = (tokens or 0.0) + value
