@@ -13,6 +13,7 @@ from tests.support.bench_gpu import RESULTS, printed
 
 FOLDER = RESULTS / "cut-gauges-h200"
 SHIPPED, STALL = str(FOLDER / "rows.json.gz"), str(FOLDER / "rows-stall.json.gz")
+SLEEP = str(FOLDER / "rows-sleep.json.gz")
 
 
 def _rows(path: str) -> list[dict[str, Any]]:
@@ -66,6 +67,44 @@ def test_the_counts_and_the_write_up() -> None:
         assert quoted in text, quoted
 
 
+def test_the_drain_ended_on_flat_counters_on_the_gpu() -> None:
+    rows = _rows(SLEEP)
+    assert len(rows) == 26 and _stuck(rows) == {10: 1.0, 13: 29.0}
+    assert all(r["kind"] == "d" and r["side"]["errors"] == 0 for r in rows)
+    assert [min(r["side"]["output_throughput"] for r in rows), max(r["side"]["output_throughput"] for r in rows)] \
+        == [16513.2, 22275.1]
+    slept = {r["trial"]: r["summary"]["sleep"] for r in rows if "sleep" in r["summary"]}
+    assert sorted(slept) == [*range(9), 10, 13]  # after every cut, then only where the gauges stuck
+    for n in (10, 13):
+        assert slept[n]["busy_at_ask"] == _stuck(rows)[n] and slept[n]["asleep_s"] == 30.26
+        assert slept[n]["drain_on_flat_counters"] and slept[n]["running_again_s"] in (0.34, 0.33)
+    assert slept[0]["asleep_s"] == 5.04
+    others = [slept[n] for n in range(1, 9)]
+    assert all(s["busy_at_ask"] == 0 and not s["drain_on_flat_counters"] for s in others)
+    assert (min(s["asleep_s"] for s in others), max(s["asleep_s"] for s in others)) == (0.21, 0.34)
+    assert (min(s["running_again_s"] for s in [slept[0], *others]),
+            max(s["running_again_s"] for s in [slept[0], *others])) == (0.29, 0.36)
+    by = {r["trial"]: r["summary"] for r in rows}
+    assert (by[10]["gateway_stalled_at_s"], by[13]["gateway_stalled_at_s"]) == (4.61, 4.57)
+    # the wake left the gauges stuck: the next trial's samples before its load read them, flagged
+    under = [(r["trial"], x) for r in rows for x in r["during_load"]]
+    flagged = [(n, x["t"], x["busy"]) for n, x in under if (x.get("gateway_load") or {}).get("stalled")]
+    assert len(under) == 516 and len(flagged) == 9
+    assert [f for f in flagged if f[2] != 512.0] == [f for f in flagged if f[1] <= 0.26]
+    assert [(n, t) for n, t, busy in flagged if busy == 512.0] == [(11, 1.27)]
+    late = next(x for n, x in under if n == 11 and x["t"] == 1.27)
+    assert late["gateway_load"]["age_s"] == 0.691  # a scrape taken 0.58 s into the load
+    every = _rows(SHIPPED) + _rows(STALL) + rows
+    direct = [r for r in every if r["kind"] == "d"]
+    assert (len(direct), sum("stuck_busy" in r["summary"] for r in direct)) == (43, 7)
+    text = (FOLDER / "README.md").read_text()
+    for quoted in ("**30.26 s**", "2 of 26 cuts", "7 of 43 direct cuts", "516 samples", "the gateway flagged 9",
+                   "0.21–0.34 s", "0.29–0.36 s", "16.5–22.3 k", "4.61 and 4.57 s"):
+        assert quoted in text, quoted
+
+
 def test_the_report_prints(capsys: pytest.CaptureFixture[str]) -> None:
     out = printed(capsys, "cut_gauges", ["report", STALL])
     assert "| 10 | direct | not in 89.47 | [80.0] |" in out and "| 5.15 | 0 of 20 |" in out
+    out = printed(capsys, "cut_gauges", ["report", SLEEP])
+    assert "| 4.61 | 0 of 20 | - | - | 30.26 (drained on flat counters) |" in out

@@ -22,6 +22,12 @@ those gauges (gateway/loadscrape.py), so a stale figure is load that is not ther
    apart), its generation and prompt token counters, and the load the gateway holds for it;
 3. if the gauges still read above 0: one short request straight to the instance, 5 s of samples,
    then 8 at once, 5 s more: what clears them.
+
+``start --sleep`` gives the instance vLLM's sleep mode (level 1, awake after start-up) and ``run
+--then-sleep always|stuck`` replaces step 3: the admin API puts the instance to sleep (after every
+trial, or only where the gauges stuck), and
+the trial times DRAINING and the sleep (the supervisor's drain must end on flat counters after
+``supervisor.drain_stalled_s``, ``start --drain-stalled-s``), then wakes it again.
 """
 
 from __future__ import annotations
@@ -53,9 +59,14 @@ _GAUGE = re.compile(r"^vllm:num_requests_(running|waiting)(\{[^}]*\})? (\S+)$", 
 _COUNTER = re.compile(r"^vllm:(generation|prompt)_tokens_total(\{[^}]*\})? (\S+)$", re.M)
 
 
-def start(model_dir: str, w: Path, vllm_args: list[str] | None, vllm_command: list[str] | None) -> dict[str, Any]:
+def start(model_dir: str, w: Path, vllm_args: list[str] | None, vllm_command: list[str] | None,
+          sleep: bool = False, drain_stalled_s: float | None = None) -> dict[str, Any]:
     fleet = {**base_fleet(w), "instances": [{**inst("a", model_dir, [0], ["tiny-a"], PORT),
                                              "gpu_memory_utilization": 0.5}]}
+    if sleep:
+        fleet["instances"][0]["sleep"] = {"level": 1, "preload": True}
+    if drain_stalled_s is not None:
+        fleet["supervisor"]["drain_stalled_s"] = drain_stalled_s
     if vllm_command is not None:
         fleet["vllm_command"] = vllm_command
     if vllm_args is not None:
@@ -66,7 +77,8 @@ def start(model_dir: str, w: Path, vllm_args: list[str] | None, vllm_command: li
     launch_up(w, fleet, {c for g in groups[:-1] for c in g})
     took = wait(lambda: fleet_healthy(["a"]) and len(instances()) == 2, 420, "instance a in rotation")
     return {"up_to_ready_s": round(took, 1), "vllm_args": fleet["instances"][0]["vllm_args"],
-            "vllm_command": fleet.get("vllm_command")}
+            "vllm_command": fleet.get("vllm_command"), "sleep": sleep,
+            "drain_stalled_s": fleet["supervisor"].get("drain_stalled_s")}
 
 
 def sample(t0: float) -> dict[str, Any]:
@@ -140,12 +152,57 @@ def trial(model_dir: str, w: Path, kind: str, n: int, a: argparse.Namespace) -> 
                            "before": before, "during_load": during, "after_cut": watch(cut, a.watch, a.every)}
     side = json.loads(out.read_text()) if rc == 0 else {}
     row["side"] = {k: side.get(k) for k in ("output_throughput", "median_ttft_ms", "errors", "mean_in_flight")}
-    if row["after_cut"][-1].get("busy", 0) > 0:
+    stuck = row["after_cut"][-1].get("busy", 0) > 0
+    if a.then_sleep == "always" or (a.then_sleep == "stuck" and stuck):
+        row["sleep_cycle"] = sleep_cycle(w, cut, a.every)
+    elif stuck and not a.then_sleep:
         row["poke_1"] = {"status": short(1), "samples": watch(cut, 5.0, a.every, settle=1.0)}
         row["poke_8"] = {"status": short(8), "samples": watch(cut, 5.0, a.every, settle=1.0)}
     row["summary"] = summary(row)
     print(f"trial {n} {kind}: {json.dumps(row['summary'])}", flush=True)
     return row
+
+
+def state() -> str | None:
+    return instances().get("a", {}).get("state")
+
+
+def admin(w: Path, action: str) -> int:
+    key = Path(base_fleet(w)["supervisor"]["state_dir"], "admin.key").read_text().strip()
+    return httpx.post(f"{GW}/admin/instances/a/{action}", headers={"Authorization": f"Bearer {key}"},
+                      timeout=30).status_code
+
+
+def sleep_cycle(w: Path, cut: float, every: float) -> dict[str, Any]:
+    """Admin sleep, then wake: seconds to SLEEPING from the ask and to RUNNING from the wake's ask,
+    every state on the way, the gauges as the drain began, and what `up` said of it."""
+    log_at = (w / "up.log").stat().st_size
+    out: dict[str, Any] = {"at_ask": sample(cut)}
+    t = time.monotonic()
+    seen: list[list[Any]] = []
+
+    def until(want: str, since: float, limit: float) -> float | None:
+        """Seconds from ``since`` to state ``want``; every state on the way, in seconds from ``t``."""
+        while time.monotonic() - since < limit:
+            st = state()
+            if not seen or seen[-1][0] != st:
+                seen.append([st, round(time.monotonic() - t, 2)])
+            if st == want:
+                return round(time.monotonic() - since, 2)
+            time.sleep(every / 5)
+        return None
+    out["sleep_status"] = admin(w, "sleep")
+    out["asleep_after_s"] = until("SLEEPING", t, 150.0)
+    woke = time.monotonic()
+    out["wake_status"] = admin(w, "wake")
+    out["running_after_s"] = until("RUNNING", woke, 300.0)
+    out["states"] = seen
+    with open(w / "up.log", "rb") as fh:
+        fh.seek(log_at)
+        out["up_said"] = [line for line in fh.read().decode(errors="replace").splitlines()
+                          if "a: drained" in line or "[fleet] a:" in line][:12]
+    wait(lambda: fleet_healthy(["a"]), 120, "instance a back in rotation")
+    return out
 
 
 def summary(row: dict[str, Any]) -> dict[str, Any]:
@@ -166,6 +223,12 @@ def summary(row: dict[str, Any]) -> dict[str, Any]:
         out["stuck_lines"] = [g for g in last["gauges"] if g[2] > 0]
         out["tokens_moved_while_stuck"] = {k: last["tokens"][k] - first["tokens"][k] for k in first["tokens"]}
         out["gateway_load_at_end"] = last.get("gateway_load")
+    if "sleep_cycle" in row:
+        c = row["sleep_cycle"]
+        draining = next((st[1] for st in c["states"] if st[0] not in ("RUNNING", "DRAINING")), None)
+        out["sleep"] = {"busy_at_ask": c["at_ask"].get("busy"), "left_draining_s": draining,
+                        "asleep_s": c["asleep_after_s"], "running_again_s": c["running_after_s"],
+                        "drain_on_flat_counters": any("drained: vLLM" in line for line in c["up_said"])}
     for poke in ("poke_1", "poke_8"):
         if poke in row:
             s = [x for x in row[poke]["samples"] if "busy" in x]
@@ -176,7 +239,8 @@ def summary(row: dict[str, Any]) -> dict[str, Any]:
 def report(rows: list[dict[str, Any]]) -> str:
     lines = ["| trial | path | first 0 after the cut, s | stuck at (5 s on) | token counters moved while stuck | "
              "the gateway's load for it at the end | the gateway calls it stalled at, s | stalled under load "
-             "(samples) | after 1 request | after 8 more |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "(samples) | after 1 request | after 8 more | sleep asked: SLEEPING after, s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         s = r["summary"]
         moved = s.get("tokens_moved_while_stuck")
@@ -187,8 +251,14 @@ def report(rows: list[dict[str, Any]]) -> str:
             f"{_brief(s.get('gateway_load_at_end')) if 'stuck_busy' in s else '-'} | "
             f"{s.get('gateway_stalled_at_s', '-')} | {s.get('stalled_under_load', '-')} of "
             f"{len(r.get('during_load', []))} | {s.get('busy_after_poke_1', '-')} | "
-            f"{s.get('busy_after_poke_8', '-')} |")
+            f"{s.get('busy_after_poke_8', '-')} | {_slept(s.get('sleep'))} |")
     return "\n".join(lines)
+
+
+def _slept(sleep: dict[str, Any] | None) -> str:
+    if not sleep:
+        return "-"
+    return f"{sleep['asleep_s']}" + (" (drained on flat counters)" if sleep["drain_on_flat_counters"] else "")
 
 
 def _brief(load: dict[str, Any] | None) -> str:
@@ -212,6 +282,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--every", type=float, default=0.5)
     ap.add_argument("--vllm-args", help="start: the instance's vLLM arguments")
     ap.add_argument("--vllm-command", help="start: the fleet file's vllm_command")
+    ap.add_argument("--sleep", action="store_true", help="start: vLLM's sleep mode for the instance")
+    ap.add_argument("--drain-stalled-s", type=float, help="start: supervisor.drain_stalled_s")
+    ap.add_argument("--then-sleep", choices=["always", "stuck"],
+                    help="run: sleep and wake the instance after each watch, or only when the gauges stuck")
     a = ap.parse_args(argv)
     if a.phase == "report":
         print(report(load_rows(a.rows)))
@@ -221,7 +295,7 @@ def main(argv: list[str] | None = None) -> None:
     res: Any
     if a.phase == "start":
         res = start(a.model_dir, w, a.vllm_args.split() if a.vllm_args else None,
-                    a.vllm_command.split() if a.vllm_command else None)
+                    a.vllm_command.split() if a.vllm_command else None, a.sleep, a.drain_stalled_s)
     elif a.phase == "run":
         kinds = a.kinds.split(",")
         if set(kinds) - {"d", "g"}:
