@@ -23,11 +23,10 @@ those gauges (gateway/loadscrape.py), so a stale figure is load that is not ther
 3. if the gauges still read above 0: one short request straight to the instance, 5 s of samples,
    then 8 at once, 5 s more: what clears them.
 
-``start --sleep`` gives the instance vLLM's sleep mode (level 1, awake after start-up) and ``run
+``start --sleep`` gives the instance vLLM's sleep mode (level 1, awake after start-up), and ``run
 --then-sleep always|stuck`` replaces step 3: the admin API puts the instance to sleep (after every
-trial, or only where the gauges stuck), and
-the trial times DRAINING and the sleep (the supervisor's drain must end on flat counters after
-``supervisor.drain_stalled_s``, ``start --drain-stalled-s``), then wakes it again.
+trial, or only where the gauges stuck) and the trial times it, then wakes it. With stuck gauges the
+drain must end on flat counters after ``supervisor.drain_stalled_s`` (``start --drain-stalled-s``).
 """
 
 from __future__ import annotations
@@ -200,7 +199,7 @@ def sleep_cycle(w: Path, cut: float, every: float) -> dict[str, Any]:
     with open(w / "up.log", "rb") as fh:
         fh.seek(log_at)
         out["up_said"] = [line for line in fh.read().decode(errors="replace").splitlines()
-                          if "a: drained" in line or "[fleet] a:" in line][:12]
+                          if line.startswith("[fleet] a:")][:12]
     wait(lambda: fleet_healthy(["a"]), 120, "instance a back in rotation")
     return out
 
@@ -225,9 +224,8 @@ def summary(row: dict[str, Any]) -> dict[str, Any]:
         out["gateway_load_at_end"] = last.get("gateway_load")
     if "sleep_cycle" in row:
         c = row["sleep_cycle"]
-        draining = next((st[1] for st in c["states"] if st[0] not in ("RUNNING", "DRAINING")), None)
-        out["sleep"] = {"busy_at_ask": c["at_ask"].get("busy"), "left_draining_s": draining,
-                        "asleep_s": c["asleep_after_s"], "running_again_s": c["running_after_s"],
+        out["sleep"] = {"busy_at_ask": c["at_ask"].get("busy"), "asleep_s": c["asleep_after_s"],
+                        "running_again_s": c["running_after_s"],
                         "drain_on_flat_counters": any("drained: vLLM" in line for line in c["up_said"])}
     for poke in ("poke_1", "poke_8"):
         if poke in row:
