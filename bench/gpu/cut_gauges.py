@@ -152,6 +152,11 @@ def trial(model_dir: str, w: Path, kind: str, n: int, a: argparse.Namespace) -> 
     side = json.loads(out.read_text()) if rc == 0 else {}
     row["side"] = {k: side.get(k) for k in ("output_throughput", "median_ttft_ms", "errors", "mean_in_flight")}
     stuck = row["after_cut"][-1].get("busy", 0) > 0
+    if a.files:
+        try:
+            row["gauge_files"] = gauge_files()
+        except (ImportError, OSError, ValueError, RuntimeError) as e:
+            row["gauge_files"] = repr(e)
     if a.then_sleep == "always" or (a.then_sleep == "stuck" and stuck):
         row["sleep_cycle"] = sleep_cycle(w, cut, a.every)
     elif stuck and not a.then_sleep:
@@ -160,6 +165,24 @@ def trial(model_dir: str, w: Path, kind: str, n: int, a: argparse.Namespace) -> 
     row["summary"] = summary(row)
     print(f"trial {n} {kind}: {json.dumps(row['summary'])}", flush=True)
     return row
+
+
+def gauge_files() -> list[list[Any]]:
+    """Each API server's own record of the two gauges: prometheus_client's multiprocess files
+    (``gauge_mostrecent_PID.db``), each value with the wall time its process set it. /metrics
+    reports the latest of them (mode ``mostrecent``)."""
+    from prometheus_client.mmap_dict import MmapedDict  # vLLM's dependency, on the GPU machine
+
+    dirs: set[str] = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        dirs |= {e.split(b"=", 1)[1].decode() for e in env if e.startswith(b"PROMETHEUS_MULTIPROC_DIR=")}
+    return [[f.name, json.loads(key)[0], value, ts] for d in sorted(dirs) for f in sorted(Path(d).glob("gauge_*.db"))
+            for key, value, ts, _ in MmapedDict.read_all_values_from_file(str(f))
+            if "num_requests_running" in key or "num_requests_waiting" in key]
 
 
 def state() -> str | None:
@@ -282,6 +305,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--vllm-command", help="start: the fleet file's vllm_command")
     ap.add_argument("--sleep", action="store_true", help="start: vLLM's sleep mode for the instance")
     ap.add_argument("--drain-stalled-s", type=float, help="start: supervisor.drain_stalled_s")
+    ap.add_argument("--files", action="store_true", help="run: after each watch, each API server's own gauge values")
     ap.add_argument("--then-sleep", choices=["always", "stuck"],
                     help="run: sleep and wake the instance after each watch, or only when the gauges stuck")
     a = ap.parse_args(argv)
