@@ -13,7 +13,7 @@ from tests.support.bench_gpu import RESULTS, load, printed
 
 FOLDER = RESULTS / "cut-gauges-h200"
 SHIPPED, STALL = str(FOLDER / "rows.json.gz"), str(FOLDER / "rows-stall.json.gz")
-SLEEP = str(FOLDER / "rows-sleep.json.gz")
+SLEEP, FILES = str(FOLDER / "rows-sleep.json.gz"), str(FOLDER / "rows-files.json.gz")
 
 
 def _rows(path: str) -> list[dict[str, Any]]:
@@ -102,9 +102,37 @@ def test_the_drain_ended_on_flat_counters_on_the_gpu() -> None:
     every = _rows(SHIPPED) + _rows(STALL) + rows
     direct = [r for r in every if r["kind"] == "d"]
     assert (len(direct), sum("stuck_busy" in r["summary"] for r in direct)) == (43, 7)
+    direct += _rows(FILES)  # and with run 4
+    assert (len(direct), sum("stuck_busy" in r["summary"] for r in direct)) == (51, 8)
     text = (FOLDER / "README.md").read_text()
     for quoted in ("**30.26 s**", "2 of 26 cuts", "7 of 43 direct cuts", "516 samples", "the gateway flagged 9",
                    "0.21–0.34 s", "0.29–0.36 s", "16.5–22.3 k", "4.61 and 4.57 s"):
+        assert quoted in text, quoted
+
+
+def test_the_stuck_figure_is_one_api_servers_write_made_last() -> None:
+    rows = _rows(FILES)
+    assert len(rows) == 8 and _stuck(rows) == {3: 12.0}
+    assert all(r["side"]["errors"] == 0 for r in rows)
+    tps = [r["side"]["output_throughput"] for r in rows]
+    assert (min(tps), max(tps)) == (15850.5, 20694.0)
+    held = {}  # trial -> (the other API server's figure, its time after API server 1007's 0, s)
+    for r in rows:
+        run = {f: (v, t) for f, name, v, t in r["gauge_files"] if name == "vllm:num_requests_running"}
+        assert sorted(run) == ["gauge_mostrecent_1007.db", "gauge_mostrecent_1008.db"]
+        (zero, t0), (v, t1) = run["gauge_mostrecent_1007.db"], run["gauge_mostrecent_1008.db"]
+        assert zero == 0.0
+        latest = v if t1 > t0 else zero  # prometheus_client's ``mostrecent``
+        assert r["after_cut"][-1]["busy"] == latest  # what /metrics said is the value set last
+        if v:
+            held[r["trial"]] = (v, round(t1 - t0, 4))
+    assert held == {0: (6.0, -0.1005), 3: (12.0, 0.0349), 5: (342.0, -0.0002), 6: (30.0, -0.1267),
+                    7: (6.0, -2.1854)}
+    slept = rows[3]["summary"]["sleep"]
+    assert slept["asleep_s"] == 35.62 and slept["drain_on_flat_counters"]
+    text = (FOLDER / "README.md").read_text()
+    for quoted in ("**12, 35 ms after**", "**342, 0.2 ms before**", "30, 127 ms before", "6, 2.19 s before",
+                   "6, 100 ms before", "In 5 of 8 cuts", "35.62 s", "15.9–20.7 k"):
         assert quoted in text, quoted
 
 
