@@ -27,6 +27,8 @@ those gauges (gateway/loadscrape.py), so a stale figure is load that is not ther
 --then-sleep always|stuck`` replaces step 3: the admin API puts the instance to sleep (after every
 trial, or only where the gauges stuck) and the trial times it, then wakes it. With stuck gauges the
 drain must end on flat counters after ``supervisor.drain_stalled_s`` (``start --drain-stalled-s``).
+``run --files`` also keeps each API server's own gauge values at the end of each watch, with the
+time each was set: which one /metrics showed (both in cut_sleep.py).
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cut_sleep import gauge_files, sleep_cycle
 from detached_up import launch_up, stop
 from gpu_fleet import GW, base_fleet, fleet_healthy, inst, instances, wait
 from pin import cores
@@ -158,73 +161,13 @@ def trial(model_dir: str, w: Path, kind: str, n: int, a: argparse.Namespace) -> 
         except (ImportError, OSError, ValueError, RuntimeError) as e:
             row["gauge_files"] = repr(e)
     if a.then_sleep == "always" or (a.then_sleep == "stuck" and stuck):
-        row["sleep_cycle"] = sleep_cycle(w, cut, a.every)
+        row["sleep_cycle"] = {"at_ask": sample(cut), **sleep_cycle(w, a.every)}
     elif stuck and not a.then_sleep:
         row["poke_1"] = {"status": short(1), "samples": watch(cut, 5.0, a.every, settle=1.0)}
         row["poke_8"] = {"status": short(8), "samples": watch(cut, 5.0, a.every, settle=1.0)}
     row["summary"] = summary(row)
     print(f"trial {n} {kind}: {json.dumps(row['summary'])}", flush=True)
     return row
-
-
-def gauge_files() -> list[list[Any]]:
-    """Each API server's own record of the two gauges: prometheus_client's multiprocess files
-    (``gauge_mostrecent_PID.db``), each value with the wall time its process set it. /metrics
-    reports the latest of them (mode ``mostrecent``)."""
-    from prometheus_client.mmap_dict import MmapedDict  # vLLM's dependency, on the GPU machine
-
-    dirs: set[str] = set()
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        dirs |= {e.split(b"=", 1)[1].decode() for e in env if e.startswith(b"PROMETHEUS_MULTIPROC_DIR=")}
-    return [[f.name, json.loads(key)[0], value, ts] for d in sorted(dirs) for f in sorted(Path(d).glob("gauge_*.db"))
-            for key, value, ts, _ in MmapedDict.read_all_values_from_file(str(f))
-            if "num_requests_running" in key or "num_requests_waiting" in key]
-
-
-def state() -> str | None:
-    return instances().get("a", {}).get("state")
-
-
-def admin(w: Path, action: str) -> int:
-    key = Path(base_fleet(w)["supervisor"]["state_dir"], "admin.key").read_text().strip()
-    return httpx.post(f"{GW}/admin/instances/a/{action}", headers={"Authorization": f"Bearer {key}"},
-                      timeout=30).status_code
-
-
-def sleep_cycle(w: Path, cut: float, every: float) -> dict[str, Any]:
-    """Admin sleep, then wake: seconds to SLEEPING from the ask and to RUNNING from the wake's ask,
-    every state on the way, the gauges as the drain began, and what `up` said of it."""
-    log_at = (w / "up.log").stat().st_size
-    out: dict[str, Any] = {"at_ask": sample(cut)}
-    t = time.monotonic()
-    seen: list[list[Any]] = []
-
-    def until(want: str, since: float, limit: float) -> float | None:
-        """Seconds from ``since`` to state ``want``; every state on the way, in seconds from ``t``."""
-        while time.monotonic() - since < limit:
-            st = state()
-            if not seen or seen[-1][0] != st:
-                seen.append([st, round(time.monotonic() - t, 2)])
-            if st == want:
-                return round(time.monotonic() - since, 2)
-            time.sleep(every / 5)
-        return None
-    out["sleep_status"] = admin(w, "sleep")
-    out["asleep_after_s"] = until("SLEEPING", t, 150.0)
-    woke = time.monotonic()
-    out["wake_status"] = admin(w, "wake")
-    out["running_after_s"] = until("RUNNING", woke, 300.0)
-    out["states"] = seen
-    with open(w / "up.log", "rb") as fh:
-        fh.seek(log_at)
-        out["up_said"] = [line for line in fh.read().decode(errors="replace").splitlines()
-                          if line.startswith("[fleet] a:")][:12]
-    wait(lambda: fleet_healthy(["a"]), 120, "instance a back in rotation")
-    return out
 
 
 def summary(row: dict[str, Any]) -> dict[str, Any]:
