@@ -69,7 +69,8 @@ class FleetGateway:
         self.metrics.watch(self.backends)
         self.pool = BackendPool(self.backends, node_tier, self._router_for, self.metrics.decision, shared)
         self.scraper = LoadScraper(self.backends, settings.load_scrape_interval_s, settings.health_timeout_s,
-                                   settings.upstream_api_key, self.pool.count) if settings.scrapes_load else None
+                                   settings.upstream_api_key, self.pool.count,
+                                   self.metrics.set_load_stalled) if settings.scrapes_load else None
         self.limiter = Limiter(self.pool, settings, self.metrics)
         self.health = HealthChecker(self.backends, settings, self._probed, shared)
         self.ejector = Ejector(self.backends, settings, self.metrics, shared)

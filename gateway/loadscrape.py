@@ -25,9 +25,10 @@ class LoadScraper(BackendPoller):
     kind = "load scrape"
 
     def __init__(self, backends: BackendSet, interval: float, timeout: float, api_key: str | None,
-                 count: Callable[[Backend], int]) -> None:
+                 count: Callable[[Backend], int], stalled: Callable[[str, bool], None]) -> None:
         super().__init__(backends, interval, interval, timeout, api_key)
         self.count = count  # the gateway's requests open to a backend (pool.Count)
+        self.stalled = stalled  # told each backend's verdict when it changes (the metric)
 
     async def poll(self, b: Backend) -> None:
         if not b.healthy:
@@ -42,6 +43,8 @@ class LoadScraper(BackendPoller):
             return
         last = b.load
         b.load = new = settle(last, parse_load(body, time.monotonic(), self.count(b)), STALL_INTERVALS * self.interval)
+        if last is None or new.stalled != last.stalled:
+            self.stalled(b.name, new.stalled)
         if new.stalled and not (last is not None and last.stalled):
             log.warning("%s: /metrics says %g running and %g waiting, but no token has moved for %.0f s; "
                         "routing counts only the gateway's own requests there until one does",

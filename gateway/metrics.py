@@ -63,6 +63,11 @@ class GatewayMetrics:
         self.connections = Gauge("fleet_upstream_connections", "Connections the gateway holds open to the backend, "
                                  "as of its last probe: open (idle or busy), and of those idle", ["backend", "state"],
                                  registry=r, multiprocess_mode="livesum")
+        # Set by the load scraper (load_aware, prefix_aware) as each scrape is judged (load.py settle).
+        self.load_stalled = Gauge("fleet_backend_load_stalled", "1 while the backend's /metrics says requests run or "
+                                  "wait but its token counters have not moved for 5 scrapes: load routing counts only "
+                                  "the gateway's own requests there (as of the last scrape)", ["backend"],
+                                  registry=r, multiprocess_mode="livemax")
         self.retries = Counter("fleet_retries_total", "Requests sent again to another replica before any byte",
                                ["model"], registry=r)
         self.upstream_failures = Counter("fleet_upstream_failures_total",
@@ -118,6 +123,9 @@ class GatewayMetrics:
             self._backend_changed(b, None, b.state)
         backends.subscribe(self._backend_changed)
 
+    def set_load_stalled(self, backend: str, stalled: bool) -> None:
+        self.load_stalled.labels(backend).set(1 if stalled else 0)
+
     def _backend_changed(self, b: Backend, old: BackendState | None, new: BackendState | None) -> None:
         if new is None:  # removed by a reload: its live series go with it
             with contextlib.suppress(KeyError):
@@ -128,6 +136,8 @@ class GatewayMetrics:
             for kind in _CONNECTION_STATES:
                 with contextlib.suppress(KeyError):
                     self.connections.remove(b.name, kind)
+            with contextlib.suppress(KeyError):
+                self.load_stalled.remove(b.name)
             return
         self.healthy.labels(b.name).set(1 if b.healthy else 0)
         for s in BackendState:

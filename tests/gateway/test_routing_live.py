@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.procs import FakeVllm, Gateway, instances, wait_until
 
@@ -119,6 +120,14 @@ def test_load_aware_stops_believing_gauges_that_nothing_moves(tmp_path: Path,
     def load_of_a() -> dict[str, Any]:
         return next(x["load"] or {} for x in httpx.get(gw.url + "/fleet").json()["backends"]
                     if x["name"] == f"fake-{a.port}")
+
+    def stalled_metric() -> float | None:
+        """fleet_backend_load_stalled for a, as the gateway's /metrics says it."""
+        for family in text_string_to_metric_families(httpx.get(gw.url + "/metrics").text):
+            for sample in family.samples:
+                if sample.name == "fleet_backend_load_stalled" and sample.labels["backend"] == f"fake-{a.port}":
+                    return sample.value
+        return None
     try:
         msgs = [{"role": "user", "content": "hello"}]
         a.configure(load_running=108, load_tokens=5000, load_tokens_step=40)  # busy: its counters move
@@ -126,13 +135,16 @@ def test_load_aware_stops_believing_gauges_that_nothing_moves(tmp_path: Path,
         time.sleep(1.0)  # twice the stall window (5 scrapes of 0.1 s): moving counters never stall
         assert load_of_a()["stalled"] is False
         assert collections.Counter(_chat(gw, msgs) for _ in range(10)) == {f"fake-{b.port}": 10}
+        assert stalled_metric() == 0.0
         a.configure(load_tokens_step=0)  # the same 108, nothing moving: vLLM's stuck gauge
         assert wait_until(lambda: load_of_a().get("stalled") is True)
+        assert stalled_metric() == 1.0
         got = collections.Counter(_chat(gw, msgs) for _ in range(10))
         assert got[f"fake-{a.port}"] >= 4, got  # in-flight counts alone: both replicas again
         assert "no token has moved for" in gw.log.read_text()
         a.configure(load_tokens_step=40)  # moving again: believed, and avoided
         assert wait_until(lambda: load_of_a().get("stalled") is False)
+        assert stalled_metric() == 0.0
         assert collections.Counter(_chat(gw, msgs) for _ in range(10)) == {f"fake-{b.port}": 10}
     finally:
         gw.stop()
