@@ -43,9 +43,10 @@ class LoadScraper(BackendPoller):
             return
         last = b.load
         b.load = new = settle(last, parse_load(body, time.monotonic(), self.count(b)), STALL_INTERVALS * self.interval)
-        if last is None or new.stalled != last.stalled:
+        was = last is not None and last.stalled
+        if last is None or new.stalled != was:
             self.stalled(b.name, new.stalled)
-        if new.stalled and not (last is not None and last.stalled):
+        if new.stalled and not was:
             log.warning("%s: /metrics says %g running and %g waiting, but no token has moved for %.0f s; "
                         "routing counts only the gateway's own requests there until one does",
                         b.name, new.running, new.waiting, new.at - new.flat_since)
