@@ -42,6 +42,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -129,7 +130,9 @@ def short(n: int) -> list[int]:
         return list(ex.map(one, range(n)))
 
 
-def trial(model_dir: str, w: Path, kind: str, n: int, a: argparse.Namespace) -> dict[str, Any]:
+def trial(model_dir: str, w: Path, kind: str, n: int, a: argparse.Namespace,
+          on_stuck: Callable[[float], dict[str, Any]] | None = None) -> dict[str, Any]:
+    """One cut and its watch; then, where the gauges stuck, ``on_stuck(cut)`` (cut_pair.py) if given."""
     client = json.loads((w / "client-cpu.json").read_text())
     before = sample(time.monotonic())
     t0 = time.monotonic() + 3.0
@@ -160,7 +163,10 @@ def trial(model_dir: str, w: Path, kind: str, n: int, a: argparse.Namespace) -> 
             row["gauge_files"] = gauge_files()
         except (ImportError, OSError, ValueError, RuntimeError) as e:
             row["gauge_files"] = repr(e)
-    if a.then_sleep == "always" or (a.then_sleep == "stuck" and stuck):
+    if on_stuck is not None:
+        if stuck:
+            row["on_stuck"] = on_stuck(cut)
+    elif a.then_sleep == "always" or (a.then_sleep == "stuck" and stuck):
         row["sleep_cycle"] = {"at_ask": sample(cut), **sleep_cycle(w, a.every)}
     elif stuck and not a.then_sleep:
         row["poke_1"] = {"status": short(1), "samples": watch(cut, 5.0, a.every, settle=1.0)}

@@ -42,33 +42,46 @@ def admin(w: Path, action: str) -> int:
                       timeout=30).status_code
 
 
+class States:
+    """Instance a's supervisor states polled from one moment on: each change, in seconds from it."""
+
+    def __init__(self, every: float) -> None:
+        self.t = time.monotonic()
+        self.every = every
+        self.seen: list[list[Any]] = []
+
+    def until(self, want: str, since: float, limit: float, leave: bool = False) -> float | None:
+        """Seconds from ``since`` to state ``want`` (with ``leave``: to any state but it)."""
+        while time.monotonic() - since < limit:
+            st = state()
+            if not self.seen or self.seen[-1][0] != st:
+                self.seen.append([st, round(time.monotonic() - self.t, 2)])
+            if (st != want) if leave else (st == want):
+                return round(time.monotonic() - since, 2)
+            time.sleep(self.every / 5)
+        return None
+
+
+def up_said(w: Path, log_at: int) -> list[str]:
+    """What `up` said of instance a from byte ``log_at`` of its log on (12 lines at most)."""
+    with open(w / "up.log", "rb") as fh:
+        fh.seek(log_at)
+        return [line for line in fh.read().decode(errors="replace").splitlines()
+                if line.startswith("[fleet] a:")][:12]
+
+
 def sleep_cycle(w: Path, every: float) -> dict[str, Any]:
     """Admin sleep, then wake: seconds to SLEEPING from the ask and to RUNNING from the wake's ask,
     every state on the way, and what `up` said of it."""
     log_at = (w / "up.log").stat().st_size
     out: dict[str, Any] = {}
-    t = time.monotonic()
-    seen: list[list[Any]] = []
-
-    def until(want: str, since: float, limit: float) -> float | None:
-        """Seconds from ``since`` to state ``want``; every state on the way, in seconds from ``t``."""
-        while time.monotonic() - since < limit:
-            st = state()
-            if not seen or seen[-1][0] != st:
-                seen.append([st, round(time.monotonic() - t, 2)])
-            if st == want:
-                return round(time.monotonic() - since, 2)
-            time.sleep(every / 5)
-        return None
+    states = States(every)
     out["sleep_status"] = admin(w, "sleep")
-    out["asleep_after_s"] = until("SLEEPING", t, 150.0)
+    out["asleep_after_s"] = states.until("SLEEPING", states.t, 150.0)
     woke = time.monotonic()
     out["wake_status"] = admin(w, "wake")
-    out["running_after_s"] = until("RUNNING", woke, 300.0)
-    out["states"] = seen
-    with open(w / "up.log", "rb") as fh:
-        fh.seek(log_at)
-        out["up_said"] = [line for line in fh.read().decode(errors="replace").splitlines()
-                          if line.startswith("[fleet] a:")][:12]
+    out["running_after_s"] = states.until("RUNNING", woke, 300.0)
+    out["states"] = states.seen
+    out["up_said"] = up_said(w, log_at)
     wait(lambda: fleet_healthy(["a"]), 120, "instance a back in rotation")
     return out
