@@ -53,6 +53,8 @@ def test_routing_the_metric_and_the_restarts() -> None:
         assert 0.03 <= s["metric_zero_after_s"] <= 0.05
         took = rows[n]["on_stuck"]["after_requests"]["t"] - rows[n]["on_stuck"]["at_ask"]["t"]
         assert 1.0 <= round(took, 1) <= 1.4
+    sent = [code for r in rows if "requests" in r.get("on_stuck", {}) for _, code in r["on_stuck"]["requests"]]
+    assert len(sent) == 96 and set(sent) == {200}
     restarts = {n: s for n, s in got.items() if s["step"] == "restart"}
     assert {n: (s["drained_after_s"], s["running_after_s"]) for n, s in restarts.items()} == {
         6: (30.12, 105.92), 25: (30.11, 103.66)}
@@ -66,7 +68,8 @@ def test_routing_the_metric_and_the_restarts() -> None:
 def test_the_write_up_quotes_them(capsys: pytest.CaptureFixture[str]) -> None:
     text = (FOLDER / "README.md").read_text()
     for quoted in ("**8 of 37**", "running 23–224", "14.3–20.0 k", "4.68–6.44 s", "435 samples", "**30.12**",
-                   "**30.11**", "103.66", "105.92", "16 of 88 direct cuts", "8 of 51 there", "0.03–0.05 s"):
+                   "**30.11**", "103.66", "105.92", "16 of 88 direct cuts", "8 of 51 there", "0.03–0.05 s",
+                   "All 96 requests answered"):
         assert quoted in text, quoted
     out = printed(capsys, "cut_pair", ["report", ROWS])
     assert out.startswith("37 cuts, 8 left a's gauges above 0")
