@@ -206,6 +206,16 @@ def summary(row: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def more_rows(w: Path, trials: int, one: Callable[[int, list[dict[str, Any]]], dict[str, Any]]) -> list[dict[str, Any]]:
+    """``trials`` more rows after those in W/rows.json, each ``one(n, the rows so far)``, saved after each."""
+    path = w / "rows.json"
+    rows: list[dict[str, Any]] = json.loads(path.read_text()) if path.exists() else []
+    for n in range(len(rows), len(rows) + trials):
+        rows.append(one(n, rows))
+        path.write_text(json.dumps(rows, indent=1))
+    return rows
+
+
 def report(rows: list[dict[str, Any]]) -> str:
     lines = ["| trial | path | first 0 after the cut, s | stuck at (5 s on) | token counters moved while stuck | "
              "the gateway's load for it at the end | the gateway calls it stalled at, s | stalled under load "
@@ -271,13 +281,8 @@ def main(argv: list[str] | None = None) -> None:
         kinds = a.kinds.split(",")
         if set(kinds) - {"d", "g"}:
             ap.error(f"--kinds: each of d, g, not {a.kinds!r}")
-        path = w / "rows.json"
-        rows = json.loads(path.read_text()) if path.exists() else []
-        for n in range(len(rows), len(rows) + a.trials):
-            rows.append(trial(a.model_dir, w, kinds[n % len(kinds)], n, a))
-            path.write_text(json.dumps(rows, indent=1))
-        res = rows
-        print(report(rows))
+        res = more_rows(w, a.trials, lambda n, _: trial(a.model_dir, w, kinds[n % len(kinds)], n, a))
+        print(report(res))
     else:
         res = stop(w)
     (w / f"{a.phase}.json").write_text(json.dumps(res, indent=1, default=str))

@@ -37,7 +37,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cut_gauges import PORT, sample, trial
+from cut_gauges import PORT, more_rows, sample, trial
 from cut_sleep import States, admin, up_said
 from detached_up import launch_up, stop
 from gpu_fleet import GW, base_fleet, fleet_healthy, inst, instances, wait
@@ -183,14 +183,11 @@ def main(argv: list[str] | None = None) -> None:
         steps = a.on_stuck.split(",")
         if set(steps) - {"route", "restart"}:
             ap.error(f"--on-stuck: each of route, restart, not {a.on_stuck!r}")
-        path = w / "rows.json"
-        rows = json.loads(path.read_text()) if path.exists() else []
-        for n in range(len(rows), len(rows) + a.trials):
-            step = steps[sum("on_stuck" in r for r in rows) % len(steps)]
-            rows.append(trial(a.model_dir, w, "d", n, a, functools.partial(on_stuck, w, step, a)))
-            path.write_text(json.dumps(rows, indent=1))
-        res = rows
-        print(report(rows))
+        def one(n: int, rows: list[dict[str, Any]]) -> dict[str, Any]:
+            step = steps[sum("on_stuck" in r for r in rows) % len(steps)]  # in turn over every stuck cut so far
+            return trial(a.model_dir, w, "d", n, a, functools.partial(on_stuck, w, step, a))
+        res = more_rows(w, a.trials, one)
+        print(report(res))
     else:
         res = stop(w)
     (w / f"{a.phase}.json").write_text(json.dumps(res, indent=1, default=str))

@@ -1,5 +1,6 @@
 """The parts of cut_gauges.py that look past vLLM's /metrics after a cut: each API server's own
-gauge files, and a sleep and wake of the instance through the admin API, timed at the supervisor.
+gauge files, and a sleep and wake of the instance through the admin API, timed at the supervisor
+(cut_pair.py times a restart with the same ``States`` and ``up_said``).
 """
 
 from __future__ import annotations
