@@ -11,9 +11,9 @@ So is a scrape whose requests make no progress: running or waiting above 0 while
 have not moved for ``STALL_INTERVALS`` intervals. vLLM with several API servers
 (``--api-server-count 2``) can leave ``num_requests_running`` at the count of the requests cut off
 at once (clients gone) and hold it there, the counters flat, until its next request: 16 of 93
-cuts of 512 streams on an H200 (bench/gpu/results/cut-gauges-h200, cut-pair-h200). Believed, that phantom load would
-keep load-aware routing off the replica, and so keep the next request, the one that clears it,
-away for good. A replica that runs anything moves its counters every engine step.
+cuts of 512 streams on an H200 (bench/gpu/results/cut-gauges-h200, cut-pair-h200). Believed, that
+phantom load would keep load-aware routing off the replica, and so keep the next request, the one
+that clears it, away for good. A replica that runs anything moves its counters every engine step.
 """
 
 from __future__ import annotations
