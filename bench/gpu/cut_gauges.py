@@ -74,14 +74,22 @@ def start(model_dir: str, w: Path, vllm_args: list[str] | None, vllm_command: li
         fleet["vllm_command"] = vllm_command
     if vllm_args is not None:
         fleet["instances"][0]["vllm_args"] = vllm_args
+    took = launch(w, fleet, 420)
+    return {"up_to_ready_s": round(took, 1), "vllm_args": fleet["instances"][0]["vllm_args"],
+            "vllm_command": fleet.get("vllm_command"), "sleep": sleep,
+            "drain_stalled_s": fleet["supervisor"].get("drain_stalled_s")}
+
+
+def launch(w: Path, fleet: dict[str, Any], timeout: float) -> float:
+    """``up`` on ``fleet`` with its gateway on ``load_aware``, on every CPU group but the last (the
+    client's, W/client-cpu.json): seconds until every instance is in rotation."""
     groups = cores()
     (w / "client-cpu.json").write_text(json.dumps(groups[-1][0]))
     os.environ["FLEET_ROUTING_POLICY"] = "load_aware"
     launch_up(w, fleet, {c for g in groups[:-1] for c in g})
-    took = wait(lambda: fleet_healthy(["a"]) and len(instances()) == 2, 420, "instance a in rotation")
-    return {"up_to_ready_s": round(took, 1), "vllm_args": fleet["instances"][0]["vllm_args"],
-            "vllm_command": fleet.get("vllm_command"), "sleep": sleep,
-            "drain_stalled_s": fleet["supervisor"].get("drain_stalled_s")}
+    names = [i["name"] for i in fleet["instances"]]
+    return wait(lambda: fleet_healthy(names) and len(instances()) == len(names) + 1, timeout,  # + the gateway
+                f"{', '.join(names)} in rotation")
 
 
 def sample(t0: float) -> dict[str, Any]:

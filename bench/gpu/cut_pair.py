@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -37,28 +36,23 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cut_gauges import PORT, more_rows, sample, trial
+from cut_gauges import PORT, launch, more_rows, sample, trial
 from cut_sleep import States, admin, up_said
-from detached_up import launch_up, stop
-from gpu_fleet import GW, base_fleet, fleet_healthy, inst, instances, wait
-from pin import cores
+from detached_up import stop
+from gpu_fleet import GW, base_fleet, fleet_healthy, inst, wait
 from twin_stats import load as load_rows
 
 
 def start(model_dir: str, w: Path, vllm_args: list[str] | None, vllm_command: list[str] | None) -> dict[str, Any]:
-    sleep = {"level": 1, "preload": True}
     fleet = {**base_fleet(w), "instances": [
-        {**inst(name, model_dir, [0], [f"tiny-{name}", "tiny"], port), "gpu_memory_utilization": 0.4, "sleep": sleep}
-        for name, port in (("a", PORT), ("b", PORT + 1))]}
-    for i in fleet["instances"]:
-        i["vllm_args"] = vllm_args if vllm_args is not None else i["vllm_args"]
+        {**inst(name, model_dir, [0], [f"tiny-{name}", "tiny"], port), "gpu_memory_utilization": 0.4,
+         "sleep": {"level": 1, "preload": True}} for name, port in (("a", PORT), ("b", PORT + 1))]}
+    if vllm_args is not None:
+        for i in fleet["instances"]:
+            i["vllm_args"] = list(vllm_args)
     if vllm_command is not None:
         fleet["vllm_command"] = vllm_command
-    groups = cores()
-    (w / "client-cpu.json").write_text(json.dumps(groups[-1][0]))
-    os.environ["FLEET_ROUTING_POLICY"] = "load_aware"
-    launch_up(w, fleet, {c for g in groups[:-1] for c in g})
-    took = wait(lambda: fleet_healthy(["a", "b"]) and len(instances()) == 3, 600, "a and b in rotation")
+    took = launch(w, fleet, 600)
     return {"up_to_ready_s": round(took, 1), "vllm_args": fleet["instances"][0]["vllm_args"],
             "vllm_command": fleet.get("vllm_command")}
 
@@ -121,7 +115,7 @@ def summary(row: dict[str, Any]) -> dict[str, Any]:
     s = row["on_stuck"]
     out: dict[str, Any] = {"trial": row["trial"], "step": s["step"], "busy_at_ask": s["at_ask"].get("busy"),
                            "flagged_after_cut_s": row["summary"]["gateway_stalled_at_s"],
-                           "flagged_after_s": s["flagged_after_s"], "metric_flagged": s["metric_flagged"]}
+                           "metric_flagged": s["metric_flagged"]}
     if s["step"] == "route":
         got = [b for b, _ in s["requests"]]
         out["requests_to"] = {name: got.count(name) for name in ("a", "b")}
