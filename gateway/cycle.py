@@ -32,7 +32,9 @@ import httptools
 from uvicorn.protocols.http.httptools_impl import HEADER_RE, HEADER_VALUE_RE, STATUS_LINE
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as _UvicornHttpTools
 
-_parse_url = httptools.parse_url
+# Any, not httptools' stub: it types the URL's ``query`` as bytes, which is None when there is none
+# (a compiled build, bench/compare/compiled.py, checks the declared type and fails on it).
+_parse_url: Callable[[bytes], Any] = httptools.parse_url
 _find_name = HEADER_RE.search
 _find_value = HEADER_VALUE_RE.search
 _500 = [(b"content-type", b"text/plain; charset=utf-8"), (b"content-length", b"21"), (b"connection", b"close")]
