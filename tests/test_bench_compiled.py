@@ -12,12 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.bench_gpu import ab_passes, load
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "compare" / "results" / "compiled"
-PASS = re.compile(r"^pass \d+, ([^:]+): .* user ([\d.]+) µs, system ([\d.]+) µs")
-sys.path.insert(0, str(ROOT / "bench" / "compare"))
-
-import compiled  # noqa: E402
+compiled = load("compiled", ROOT / "bench" / "compare")
 
 
 def row(name: str) -> str:
@@ -25,10 +24,7 @@ def row(name: str) -> str:
     lines = (RESULTS / name).read_text().splitlines()
     build = re.match(r"base: the working tree, interpreted; new: (\S+ \S+), modules ([^;\s]+)", lines[0])
     assert build is not None and build[2] == ",".join(compiled.HOT)
-    cpu: dict[str, list[float]] = {}
-    for line in lines[1:]:
-        if m := PASS.match(line):
-            cpu.setdefault(m[1], []).append(float(m[2]) + float(m[3]))
+    cpu = ab_passes(lines[1:])
     base, new, router = cpu["gateway base"], cpu["gateway new"], cpu["vllm-router"]
     assert len(base) == len(new) == len(router) == 8
     diffs = [n - b for b, n in zip(base, new, strict=True)]

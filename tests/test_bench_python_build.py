@@ -3,24 +3,15 @@ CPython 3.11 under the gateway are those of the committed ab.py outputs."""
 
 from __future__ import annotations
 
-import re
 import statistics
 from pathlib import Path
 
 import pytest
 
+from tests.support.bench_gpu import AB_PASS, ab_passes
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "compare" / "results" / "python-build"
-PASS = re.compile(r"^pass \d+, ([^:]+): .* user ([\d.]+) µs, system ([\d.]+) µs")
-
-
-def _passes(lines: list[str]) -> dict[str, list[float]]:
-    """Each server's CPU per pass (user + system), in pass order, from floor.passes' lines."""
-    cpu: dict[str, list[float]] = {}
-    for line in lines:
-        if m := PASS.match(line):
-            cpu.setdefault(m[1], []).append(float(m[2]) + float(m[3]))
-    return cpu
 
 
 def _read(name: str) -> tuple[str, dict[str, list[float]], list[str]]:
@@ -29,7 +20,7 @@ def _read(name: str) -> tuple[str, dict[str, list[float]], list[str]]:
     lines = (RESULTS / name).read_text().splitlines()
     debian = "new" if "(new: Debian's" in lines[0] else "base"
     assert f"({debian}: Debian's" in lines[0]
-    return debian, _passes(lines), [x for x in lines if not PASS.match(x)]
+    return debian, ab_passes(lines), [x for x in lines if not AB_PASS.match(x)]
 
 
 def _median_ratio(side: list[float], router: list[float]) -> float:
@@ -42,7 +33,7 @@ def _median_ratio(side: list[float], router: list[float]) -> float:
     ("requests-1.txt", 8, "| 1 | per request, 64 concurrent | −30.8 of 234.5 | 8 of 8 | 1.31 → 1.14 |"),
     ("requests-2.txt", 8, "| 2 | per request, 64 concurrent | −32.0 of 240.8 | 8 of 8 | 1.35 → 1.18 |"),
 ])
-def test_the_write_up_quotes_the_committed_passes(name: str, passes: int, row: str) -> None:
+def test_the_write_up_quotes_the_committedab_passes(name: str, passes: int, row: str) -> None:
     debian, cpu, summary = _read(name)
     pyenv = "base" if debian == "new" else "new"
     deb, pye, router = cpu[f"gateway {debian}"], cpu[f"gateway {pyenv}"], cpu["vllm-router"]
@@ -60,7 +51,7 @@ def test_the_write_up_quotes_the_committed_passes(name: str, passes: int, row: s
 
 
 def test_the_floor_under_debians_python_is_the_one_quoted() -> None:
-    cpu = _passes((RESULTS / "floor-1.txt").read_text().splitlines())
+    cpu = ab_passes((RESULTS / "floor-1.txt").read_text().splitlines())
     gw, router = cpu["gateway"], cpu["vllm-router"]
     share = [u - t for u, t in zip(cpu["uvicorn floor"], cpu["raw floor, a task per request"], strict=True)]
     ceiling = [(g - s) / r for g, s, r in zip(gw, share, router, strict=True)]

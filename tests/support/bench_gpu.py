@@ -1,10 +1,12 @@
 """bench/gpu's scripts as modules: they import each other by bare name, as they run on the GPU
 machine (``python3 bench/gpu/X.py``), so their folder goes on ``sys.path`` for the import only.
-bench/compare's scripts import their siblings the same way: ``folder`` names theirs."""
+bench/compare's scripts import their siblings the same way: ``folder`` names theirs. Also the
+reading of bench/compare's pass lines, which more than one results test checks figures against."""
 
 from __future__ import annotations
 
 import importlib
+import re
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -33,6 +35,19 @@ def load(name: str, folder: Path = GPU_BENCH) -> ModuleType:
         return importlib.import_module(name)
     finally:
         sys.path.remove(str(folder))
+
+
+# One server's line in a pass of bench/compare's floor.passes (ab.py, floor.py): its CPU per unit.
+AB_PASS = re.compile(r"^pass \d+, ([^:]+): .* user ([\d.]+) µs, system ([\d.]+) µs")
+
+
+def ab_passes(lines: list[str]) -> dict[str, list[float]]:
+    """Each server's CPU per pass (user + system), in pass order, from floor.passes' lines."""
+    cpu: dict[str, list[float]] = {}
+    for line in lines:
+        if m := AB_PASS.match(line):
+            cpu.setdefault(m[1], []).append(float(m[2]) + float(m[3]))
+    return cpu
 
 
 def printed(capsys: pytest.CaptureFixture[str], script: str, argv: list[str]) -> str:
