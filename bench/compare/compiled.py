@@ -56,8 +56,10 @@ def compile_modules(tree: Path, compiler: str, modules: list[str], python: str =
     argv = [python, "-m", "mypyc", *files] if compiler == "mypyc" else [python, "-m", "Cython.Build.Cythonize",
                                                                           "-i", "-q", "-3", *files]
     version = [python, "-c", f"import importlib.metadata as m; print(m.version({dist!r}))"]
-    if subprocess.run(version, capture_output=True).returncode != 0:
+    found = subprocess.run(version, capture_output=True, text=True)
+    if found.returncode != 0:
         subprocess.run([python, "-m", "pip", "install", "-q", dist], check=True)
+        found = subprocess.run(version, capture_output=True, text=True, check=True)
     done = subprocess.run(argv, cwd=tree, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"{compiler} failed:\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
@@ -65,7 +67,7 @@ def compile_modules(tree: Path, compiler: str, modules: list[str], python: str =
     built = sorted(n for n in (p.name.split(".")[0] for p in (tree / "gateway").glob("*.so")) if "__mypyc" not in n)
     if built != sorted(modules):
         raise SystemExit(f"{compiler} built {built}, not {sorted(modules)}")
-    return f"{compiler} {subprocess.run(version, capture_output=True, text=True).stdout.strip()}"
+    return f"{compiler} {found.stdout.strip()}"
 
 
 def main(argv: list[str] | None = None) -> None:
