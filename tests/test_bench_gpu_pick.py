@@ -1,5 +1,6 @@
-"""bench/gpu/pick_pairs.py's table against its committed run (results/pick-api2-h200), and the
-switchable pick that run alternated (gateway_variant.py ``--variant switch``)."""
+"""bench/gpu/pick_pairs.py's table against its committed runs (results/pick-api2-h200, and
+results/pick-defaults-h200 under vLLM's defaults), and the switchable pick pick-api2 alternated
+(gateway_variant.py ``--variant switch``)."""
 
 from __future__ import annotations
 
@@ -9,15 +10,17 @@ import random
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
+
 from gateway.upstream import Origin
-from tests.support.bench_gpu import RESULTS, load
+from tests.support.bench_gpu import RESULTS, load, printed
 
 pick_pairs = load("pick_pairs")
 variant = load("gateway_variant")
 
 
-def _rows() -> list[dict[str, Any]]:
-    with gzip.open(RESULTS / "pick-api2-h200" / "rows.json.gz", "rt") as f:
+def _rows(run: str = "pick-api2-h200") -> list[dict[str, Any]]:
+    with gzip.open(RESULTS / run / "rows.json.gz", "rt") as f:
         rows: list[dict[str, Any]] = json.load(f)
     return rows
 
@@ -33,6 +36,26 @@ def test_report_reads_the_committed_run() -> None:
     assert "| 0.9% (0.0%–2.7%) |" in by["direct"]
     assert by["TTFT p99 ms"].endswith("| 0.534, p = 0.002 |")  # shipped ÷ random
     assert "| 0.000, p = 0.002 |" in by["TTFT > 1200 ms"]
+
+
+def test_neighbouring_pairs_under_vllms_defaults(capsys: pytest.CaptureFixture[str]) -> None:
+    """results/pick-defaults-h200's README: passes d, g, g, d on one instance with one API server."""
+    rows = _rows("pick-defaults-h200")
+    assert [r["kind"] for r in rows].count("d") == 12 and [r["kind"] for r in rows].count("g") == 12
+    out = pick_pairs.report(rows)
+    for line in ("| direct | 12 | 10605 (9966–14304) | 1525 (1078–3438) | 4709 (3231–5532) |",
+                 "| gateway | 12 | 11425 (9915–15561) | 1920 (802–3547) | 4336 (2436–5118) |",
+                 "| tokens/s | 1.077, p = 0.319 |", "| TTFT p50 ms | 1.259, p = 0.671 |",
+                 "Neighbouring passes as pairs (12)", "| tokens/s, g ÷ d | 1.075 (1.009–1.091) | 9 |",
+                 "| TTFT p50 ms, g ÷ d | 1.107 (0.835–1.943) | 6 |", "| TTFT p99 ms, g ÷ d | 1.000 (0.793–1.200) | 6 |",
+                 "| request's life mean, g ÷ d | 0.936 (0.923–1.009) | 4 |",
+                 "gateway 5, direct 2 of 12; in a pair alone: gateway 5, direct 2"):
+        assert line in out, line
+    # a run whose passes do not pair (r, r) leaves those out: pick-api2's d,g,r,r,g,d holds 5 d/g pairs
+    assert "Neighbouring passes as pairs (5)" in pick_pairs.report(_rows())
+    onset = printed(capsys, "twin_onset", ["--conc", "512", str(RESULTS / "pick-defaults-h200" / "rows.json.gz")])
+    assert "| direct | 12 | 6 |" in onset and "| gateway | 12 | 7 |" in onset
+    assert "means over 17 fast and 7 slow windows" in onset
 
 
 def _origin() -> Any:

@@ -1,14 +1,15 @@
 """When a twin window's vLLM falls into its slow mode: its engine over the pass, fast against slow.
 
-At 512 streams a side a window either runs about 400 of its requests in vLLM's engine or about
-half, with TTFT p50 above 2.4 s (twin_stats.py ``--slow-ttft-ms``). Whether the mode is set by
-the pass's start (512 requests at once) or grows during the pass decides what could move it: a
-longer warm-up, or nothing short of vLLM. This takes each ``gb``/``ga`` side's samples (in_pass.py,
-once a second since t0) in bins of ``--bin`` seconds and gives, for fast and slow windows apart,
-the mean over windows of what its vLLM ran in each bin (in_pass.means), its engine's steps a
-second and tokens a step, and its API server's share of a CPU (in_pass.engine). Then, by side,
-the windows whose vLLM ran fewer than ``--low`` requests over some bin after the first 10 s (fell),
-the bin it first did, and how many ran ``--high`` or more again in a later bin (came back).
+At 512 streams a side a window either runs about 400 of its requests in vLLM's engine or about half,
+with TTFT p50 above 2.4 s (twin_stats.py ``--slow-ttft-ms``). Whether the mode is set by the pass's
+start (512 requests at once) or grows during the pass decides what could move it: a longer warm-up,
+or nothing short of vLLM. This takes each ``gb``/``ga`` side's samples, and those of pick_pairs.py's
+``d`` and ``g`` passes (in_pass.py, once a second since t0), in bins of ``--bin`` seconds and gives,
+for fast and slow windows apart, the mean over windows of what its vLLM ran in each bin
+(in_pass.means), its engine's steps a second and tokens a step, and its API server's share of a CPU
+(in_pass.engine). Then, by side, the windows whose vLLM ran fewer than ``--low`` requests over some
+bin after the first 10 s (fell), the bin it first did, and how many ran ``--high`` or more again in
+a later bin (came back).
 
     python3 bench/gpu/twin_onset.py --conc 512 --slow-ttft-ms 2400 --bin 5 ROWS...
 """
@@ -66,6 +67,9 @@ def falls(rows: list[dict[str, Any]], conc: int, width: float, end: float, low: 
 def table(paths: list[str], conc: int, slow_ms: float, width: float, end: float, low: float = 280,
           high: float = 370) -> str:
     rows = load(paths)
+    for r in rows:  # pick_pairs.py's passes, one side each (direct:a or gateway:a), read as twin windows
+        if r["kind"] in ("d", "g"):
+            r["kind"] = "gb"
     per = binned(rows, conc, slow_ms, width, end)
     counts = {m: sum((side["median_ttft_ms"] > slow_ms) == m for _, _, side in gateway_windows(rows, conc))
               for m in per}
