@@ -67,9 +67,6 @@ def falls(rows: list[dict[str, Any]], conc: int, width: float, end: float, low: 
 def table(paths: list[str], conc: int, slow_ms: float, width: float, end: float, low: float = 280,
           high: float = 370) -> str:
     rows = load(paths)
-    for r in rows:  # pick_pairs.py's passes, one side each (direct:a or gateway:a), read as twin windows
-        if r["kind"] in ("d", "g"):
-            r["kind"] = "gb"
     per = binned(rows, conc, slow_ms, width, end)
     counts = {m: sum((side["median_ttft_ms"] > slow_ms) == m for _, _, side in gateway_windows(rows, conc))
               for m in per}

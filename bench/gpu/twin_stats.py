@@ -404,9 +404,10 @@ def report(rows: list[dict[str, Any]], slow_ms: float | None = None) -> str:
 
 
 def gateway_windows(rows: list[dict[str, Any]], conc: int) -> Iterator[tuple[dict[str, Any], str, dict[str, Any]]]:
-    """Each side of every ``gb``/``ga`` pass at ``conc``: (its pass, its path, its client's figures)."""
+    """Each side of every ``gb``/``ga`` pass at ``conc``, and of pick_pairs.py's ``d`` and ``g``
+    passes (one side each): (its pass, its path, its client's figures)."""
     for r in rows:
-        if r["conc"] == conc and r["kind"] in ("gb", "ga"):
+        if r["conc"] == conc and r["kind"] in ("gb", "ga", "d", "g"):
             for path, side in r["sides"].items():
                 yield r, path, side
 
