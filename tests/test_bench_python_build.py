@@ -33,7 +33,7 @@ def _median_ratio(side: list[float], router: list[float]) -> float:
     ("requests-1.txt", 8, "| 1 | per request, 64 concurrent | −30.8 of 234.5 | 8 of 8 | 1.31 → 1.14 |"),
     ("requests-2.txt", 8, "| 2 | per request, 64 concurrent | −32.0 of 240.8 | 8 of 8 | 1.35 → 1.18 |"),
 ])
-def test_the_write_up_quotes_the_committedab_passes(name: str, passes: int, row: str) -> None:
+def test_the_write_up_quotes_the_committed_passes(name: str, passes: int, row: str) -> None:
     debian, cpu, summary = _read(name)
     pyenv = "base" if debian == "new" else "new"
     deb, pye, router = cpu[f"gateway {debian}"], cpu[f"gateway {pyenv}"], cpu["vllm-router"]
