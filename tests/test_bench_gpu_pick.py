@@ -1,5 +1,5 @@
 """bench/gpu/pick_pairs.py's table against its committed runs (results/pick-api2-h200, and
-results/pick-defaults-h200 under vLLM's defaults), and the switchable pick pick-api2 alternated
+results/pick-defaults-h200 and pick-defaults2-h200 under vLLM's defaults), and the switchable pick pick-api2 alternated
 (gateway_variant.py ``--variant switch``)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from gateway.upstream import Origin
-from tests.support.bench_gpu import RESULTS, load, printed
+from tests.support.bench_gpu import DEFAULTS_512, DEFAULTS_PICK, HOLDER, IDLE, RESULTS, load, printed
 
 pick_pairs = load("pick_pairs")
 variant = load("gateway_variant")
@@ -56,6 +56,54 @@ def test_neighbouring_pairs_under_vllms_defaults(capsys: pytest.CaptureFixture[s
     onset = printed(capsys, "twin_onset", ["--conc", "512", str(RESULTS / "pick-defaults-h200" / "rows.json.gz")])
     assert "| direct | 12 | 6 |" in onset and "| gateway | 12 | 7 |" in onset
     assert "means over 17 fast and 7 slow windows" in onset
+
+
+def test_the_second_run_under_vllms_defaults_alone_and_pooled(capsys: pytest.CaptureFixture[str]) -> None:
+    """results/pick-defaults2-h200's README: the same run again, then both runs as one report."""
+    rows = _rows("pick-defaults2-h200")
+    assert [r["kind"] for r in rows].count("d") == 12 and [r["kind"] for r in rows].count("g") == 12
+    out = pick_pairs.report(rows)
+    for line in ("| tokens/s, g ÷ d | 1.024 (0.982–1.097) | 8 |", "| TTFT p50 ms, g ÷ d | 0.923 (0.748–2.666) | 4 |",
+                 "| TTFT p99 ms, g ÷ d | 0.879 (0.834–1.234) | 4 |",
+                 "| request's life mean, g ÷ d | 0.972 (0.903–1.118) | 5 |",
+                 "gateway 4, direct 1 of 12; in a pair alone: gateway 4, direct 1"):
+        assert line in out, line
+    files = [str(RESULTS / run / "rows.json.gz") for run in ("pick-defaults-h200", "pick-defaults2-h200")]
+    both = pick_pairs.pooled(files)
+    assert sorted(r["pass"] for r in both) == list(range(48))  # the second run's passes numbered on
+    out = pick_pairs.report(both)
+    for line in ("Neighbouring passes as pairs (24)", "| tokens/s, g ÷ d | 1.072 (1.009–1.089) | 17 |",
+                 "| TTFT p50 ms, g ÷ d | 0.978 (0.811–1.762) | 10 |",
+                 "| TTFT p99 ms, g ÷ d | 0.915 (0.826–1.131) | 10 |",
+                 "| request's life mean, g ÷ d | 0.942 (0.923–1.008) | 9 |",
+                 "gateway 9, direct 3 of 24; in a pair alone: gateway 9, direct 3"):
+        assert line in out, line
+    onset = printed(capsys, "twin_onset", ["--conc", "512", *files])
+    assert "| direct | 24 | 10 |" in onset and "| gateway | 24 | 12 |" in onset
+    for line in ("| gateway | 138 | 24 | direct | 0.089 |", "| direct | 77.5 | 24 | gateway |  |",
+                 "| slow | 166 | 12 | fast | 0.002 |", "| fast | 91 | 36 | slow |  |"):
+        assert line in onset, line
+    assert "Slow among the windows whose fewest was 120 or more: 11 of 25; below 120: 1 of 23" in onset
+
+
+def test_the_first_requests_drain_in_the_twin_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    """pick-defaults2-h200's README: the same dip read over the twin runs' plain 512 passes."""
+    onset = printed(capsys, "twin_onset", ["--conc", "512", *DEFAULTS_512, IDLE, HOLDER, *DEFAULTS_PICK])
+    for line in ("| gateway | 89 | 82 | direct | 0.022 |", "| direct | 137.5 | 82 | gateway |  |",
+                 "| slow | 159 | 53 | fast | < 0.001 |", "| fast | 81 | 111 | slow |  |",
+                 "Slow among the windows whose fewest was 120 or more: 43 of 86; below 120: 10 of 78"):
+        assert line in onset, line
+
+
+def test_pooled_runs_pair_passes_within_a_run_only(tmp_path: Any) -> None:
+    """A run that ends on an odd pass leaves it unpaired: the next run's first pass starts a pair."""
+    def row(n: int, kind: str) -> dict[str, Any]:
+        return {"pass": n, "kind": kind}
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps([row(0, "d"), row(1, "g"), row(2, "g")]))
+    b.write_text(json.dumps([row(0, "d"), row(1, "g")]))
+    assert [(r["pass"], r["kind"]) for r in pick_pairs.pooled([str(a), str(b)])] == [
+        (0, "d"), (1, "g"), (2, "g"), (4, "d"), (5, "g")]
 
 
 def _origin() -> Any:

@@ -242,6 +242,17 @@ def _cell(xs: list[float | None], key: str) -> str:
     return f"{f.format(statistics.median(vals))} ({f.format(vals[0])}–{f.format(vals[-1])})"
 
 
+def pooled(files: list[str]) -> list[dict[str, Any]]:
+    """The rows of several runs as one run: each file's passes numbered on after the last file's,
+    from an even number, so that neighbours() pairs passes of one run only."""
+    rows: list[dict[str, Any]] = []
+    for f in files:
+        start = (max((r["pass"] for r in rows), default=-1) + 2) // 2 * 2
+        with (gzip.open if f.endswith(".gz") else open)(f, "rt") as fh:
+            rows += [{**r, "pass": r["pass"] + start} for r in json.load(fh)]
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("phase", choices=["start", "run", "stop", "report"])
@@ -259,8 +270,7 @@ def main() -> None:
     ap.add_argument("--vllm-command", help="start: the fleet file's vllm_command (twin_pairs.py's)")
     a = ap.parse_args()
     if a.phase == "report":
-        rows = [r for f in a.rows for r in json.loads((gzip.open if f.endswith(".gz") else open)(f, "rt").read())]
-        print(report(rows, a.late_ms))
+        print(report(pooled(a.rows), a.late_ms))
         return
     w = Path(a.out)
     w.mkdir(parents=True, exist_ok=True)

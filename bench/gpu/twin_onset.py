@@ -9,7 +9,8 @@ for fast and slow windows apart, the mean over windows of what its vLLM ran in e
 (in_pass.means), its engine's steps a second and tokens a step, and its API server's share of a CPU
 (in_pass.engine). Then, by side, the windows whose vLLM ran fewer than ``--low`` requests over some
 bin after the first 10 s (fell), the bin it first did, and how many ran ``--high`` or more again in
-a later bin (came back).
+a later bin (came back). Last, the fewest requests the engine ran in one sample 5–10 s since t0,
+where the streams that all started together end their first requests: by side and by mode.
 
     python3 bench/gpu/twin_onset.py --conc 512 --slow-ttft-ms 2400 --bin 5 ROWS...
 """
@@ -17,11 +18,12 @@ a later bin (came back).
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import sys
 from typing import Any
 
-from in_pass import engine, instance, means
+from in_pass import engine, in_window, instance, means
 from twin_stats import gateway_windows, load
 
 FIGURES = {"running": 0, "steps_per_s": 1, "tokens_per_step": 0, "api_cpu": 2}  # each with its decimals
@@ -64,6 +66,56 @@ def falls(rows: list[dict[str, Any]], conc: int, width: float, end: float, low: 
     return out
 
 
+def rank_sum_p_normal(xs: list[float], ys: list[float]) -> float:
+    """Two-sided Mann-Whitney p of ``xs`` against ``ys`` by the normal approximation with the tie
+    correction: engine counts tie often, and twin_versus.rank_sum_p's exact sum takes minutes at
+    82 against 82."""
+    m, n = len(xs), len(ys)
+    ranked = sorted(xs + ys)
+    first: dict[float, int] = {}
+    ties: dict[float, int] = {}
+    for i, v in enumerate(ranked):
+        first.setdefault(v, i)
+        ties[v] = ties.get(v, 0) + 1
+    rank = {v: first[v] + (ties[v] + 1) / 2 for v in ties}  # 1-based mean rank of each value
+    u = sum(rank[x] for x in xs) - m * (m + 1) / 2
+    total = m + n
+    var = m * n / 12 * (total + 1 - sum(t ** 3 - t for t in ties.values()) / (total * (total - 1)))
+    if var <= 0:
+        return 1.0
+    z = (abs(u - m * n / 2) - 0.5) / math.sqrt(var)  # with the continuity correction
+    return min(1.0, math.erfc(max(z, 0.0) / math.sqrt(2)))
+
+
+def first_wave(rows: list[dict[str, Any]], conc: int, slow_ms: float, span: tuple[float, float],
+               dip: float = 120) -> list[str]:
+    """The fewest requests vLLM's engine ran in any one sample over ``span`` s since t0, where the
+    streams that all started at t0 end their first request and start their second: the median by
+    side and by mode, each pair of groups with the rank-sum p (normal approximation); then how many
+    windows were slow among those whose fewest was ``dip`` or more, and among the others."""
+    groups: dict[str, list[float]] = {}
+    slow_by_dip: dict[bool, list[bool]] = {True: [], False: []}
+    for r, path, side in gateway_windows(rows, conc):
+        got = [s[1] for s in in_window(r["samples"][instance(path)], *span)]
+        if got:
+            slow = side["median_ttft_ms"] > slow_ms
+            groups.setdefault(path.split(":")[0], []).append(min(got))
+            groups.setdefault("slow" if slow else "fast", []).append(min(got))
+            slow_by_dip[min(got) >= dip].append(slow)
+    lines = ["", f"Fewest running in one sample {span[0]:g}–{span[1]:g} s since the start (the first requests' "
+             "ends), median (windows)", "", "| group | median | windows | against | rank-sum p |",
+             "|---|---|---|---|---|"]
+    for a, b in (("gateway", "direct"), ("slow", "fast")):
+        if a in groups and b in groups:
+            for g, other in ((a, b), (b, a)):
+                p = rank_sum_p_normal(groups[a], groups[b]) if g == a else None
+                p_cell = "" if p is None else f"{p:.3f}" if p >= 0.001 else "< 0.001"
+                lines.append(f"| {g} | {statistics.median(groups[g]):g} | {len(groups[g])} | {other} | {p_cell} |")
+    lines += ["", f"Slow among the windows whose fewest was {dip:g} or more: {sum(slow_by_dip[True])} of "
+              f"{len(slow_by_dip[True])}; below {dip:g}: {sum(slow_by_dip[False])} of {len(slow_by_dip[False])}"]
+    return lines
+
+
 def table(paths: list[str], conc: int, slow_ms: float, width: float, end: float, low: float = 280,
           high: float = 370) -> str:
     rows = load(paths)
@@ -83,6 +135,7 @@ def table(paths: list[str], conc: int, slow_ms: float, width: float, end: float,
     for way, f in sorted(falls(rows, conc, width, end, low, high).items()):
         at = ", ".join(f"{t:g}: {f['fell'].count(t)}" for t in sorted(set(f["fell"])))
         lines.append(f"| {way} | {f['windows']} | {len(f['fell'])} | {at or '—'} | {f['back']} |")
+    lines += first_wave(rows, conc, slow_ms, (5.0, 10.0))
     return "\n".join(lines)
 
 
