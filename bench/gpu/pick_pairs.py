@@ -3,7 +3,12 @@
     python3 bench/gpu/pick_pairs.py start --out W --model-dir M [--vllm-command ...] [--vllm-args ...]
     python3 bench/gpu/pick_pairs.py run --out W --model-dir M --conc 512 --passes 6 --kinds d,g,r,r,g,d
     python3 bench/gpu/pick_pairs.py stop --out W
-    python3 bench/gpu/pick_pairs.py report ROWS...       # here: the table by kind of pass
+    python3 bench/gpu/pick_pairs.py report ROWS...       # here: the table by kind of pass (several runs pooled)
+
+``run --ramp R`` starts each pass's streams one by one over R s instead of together: at 512 under
+vLLM's defaults a window's slow mode is mostly set by how its first requests, all started at once,
+drain 5-10 s in (twin_onset.py, results/pick-defaults2-h200); whether a ramp takes that away is not
+measured yet.
 
 Why: with two API servers an instance, the twin runs put 0.2 % of the gateway's first tokens past
 1.2 s under the LIFO pick, 10.9-15 % under a random one and 0.4 % direct (api_split.py), but each
@@ -265,6 +270,8 @@ def main() -> None:
     ap.add_argument("--warmup", type=float, default=15.0)
     ap.add_argument("--window", type=float, default=30.0)
     ap.add_argument("--tail", type=float, default=10.0)
+    ap.add_argument("--ramp", type=float, default=0.0,
+                    help="run: seconds over which a pass's streams start, one by one (window_client.py's)")
     ap.add_argument("--late-ms", type=float, default=1200.0, help="report: a first token later than this is late")
     ap.add_argument("--vllm-args", help="start: the instance's vLLM arguments (twin_pairs.py's)")
     ap.add_argument("--vllm-command", help="start: the fleet file's vllm_command (twin_pairs.py's)")
@@ -282,7 +289,7 @@ def main() -> None:
         kinds = a.kinds.split(",")
         if not kinds or set(kinds) - set(ROLES):
             ap.error(f"--kinds: each of d, g, r, not {a.kinds!r}")
-        timing = {"warmup": a.warmup, "window": a.window, "tail": a.tail}
+        timing = {"warmup": a.warmup, "window": a.window, "tail": a.tail, **({"ramp": a.ramp} if a.ramp else {})}
         res = run(a.model_dir, w, a.conc, a.passes, timing, kinds)
         print(report(res))
     else:
