@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import os
+import random
 import statistics
 from pathlib import Path
 from typing import Any
@@ -489,6 +490,19 @@ def test_rank_sum_p_is_the_exact_two_sided_mann_whitney() -> None:
     assert versus.rank_sum_p([2.0, 4.0], [1.0, 3.0]) == pytest.approx(2 * 2 / 6)
     assert versus.rank_sum_p([1.0, 2.0], [1.0, 2.0]) == 1.0  # U in the middle, ties half
     assert sum(versus._ways(5, 4, u) for u in range(21)) == math.comb(9, 4)
+
+
+def test_rank_sum_p_normal_follows_the_exact_p_and_handles_ties() -> None:
+    versus = _load("twin_versus")
+    rng = random.Random(5)
+    for m, n in ((10, 10), (12, 30), (20, 20)):
+        for shift in (0, 40, 90):
+            xs = [float(rng.randint(0, 300)) for _ in range(m)]
+            ys = [float(rng.randint(shift, 300 + shift)) for _ in range(n)]
+            assert versus.rank_sum_p_normal(xs, ys) == pytest.approx(versus.rank_sum_p(xs, ys), abs=0.03)
+    assert versus.rank_sum_p_normal([1.0] * 5, [1.0] * 7) == 1.0  # all tied: no evidence either way
+    # wholly apart, 30 against 30: far below any exact p worth summing
+    assert versus.rank_sum_p_normal([float(i) for i in range(30)], [float(i) for i in range(30, 60)]) < 1e-9
 
 
 def test_the_pool512_write_up_matches_its_rows(capsys: pytest.CaptureFixture[str]) -> None:

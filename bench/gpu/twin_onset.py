@@ -18,13 +18,13 @@ where the streams that all started together end their first requests: by side an
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
 import sys
 from typing import Any
 
 from in_pass import engine, in_window, instance, means
 from twin_stats import gateway_windows, load
+from twin_versus import rank_sum_p_normal
 
 FIGURES = {"running": 0, "steps_per_s": 1, "tokens_per_step": 0, "api_cpu": 2}  # each with its decimals
 
@@ -64,27 +64,6 @@ def falls(rows: list[dict[str, Any]], conc: int, width: float, end: float, low: 
         way["fell"].append(fell * width)
         way["back"] += any((v := run[k]) is not None and v >= high for k in range(fell + 1, len(run)))
     return out
-
-
-def rank_sum_p_normal(xs: list[float], ys: list[float]) -> float:
-    """Two-sided Mann-Whitney p of ``xs`` against ``ys`` by the normal approximation with the tie
-    correction: engine counts tie often, and twin_versus.rank_sum_p's exact sum takes minutes at
-    82 against 82."""
-    m, n = len(xs), len(ys)
-    ranked = sorted(xs + ys)
-    first: dict[float, int] = {}
-    ties: dict[float, int] = {}
-    for i, v in enumerate(ranked):
-        first.setdefault(v, i)
-        ties[v] = ties.get(v, 0) + 1
-    rank = {v: first[v] + (ties[v] + 1) / 2 for v in ties}  # 1-based mean rank of each value
-    u = sum(rank[x] for x in xs) - m * (m + 1) / 2
-    total = m + n
-    var = m * n / 12 * (total + 1 - sum(t ** 3 - t for t in ties.values()) / (total * (total - 1)))
-    if var <= 0:
-        return 1.0
-    z = (abs(u - m * n / 2) - 0.5) / math.sqrt(var)  # with the continuity correction
-    return min(1.0, math.erfc(max(z, 0.0) / math.sqrt(2)))
 
 
 def first_wave(rows: list[dict[str, Any]], conc: int, slow_ms: float, span: tuple[float, float],

@@ -17,6 +17,7 @@ beside how far the machines of one setting spread.
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import sys
 from functools import cache
@@ -49,6 +50,27 @@ def rank_sum_p(xs: list[float], ys: list[float]) -> float:
     low = sum(_ways(m, n, k) for k in range(m * n + 1) if k <= u) / total
     high = sum(_ways(m, n, k) for k in range(m * n + 1) if k >= u) / total
     return min(1.0, 2 * min(low, high))
+
+
+def rank_sum_p_normal(xs: list[float], ys: list[float]) -> float:
+    """Two-sided Mann-Whitney p of ``xs`` against ``ys`` by the normal approximation with the tie
+    correction, for samples where rank_sum_p's exact sum takes minutes (82 against 82) or that
+    tie often (engine counts)."""
+    m, n = len(xs), len(ys)
+    ranked = sorted(xs + ys)
+    first: dict[float, int] = {}
+    ties: dict[float, int] = {}
+    for i, v in enumerate(ranked):
+        first.setdefault(v, i)
+        ties[v] = ties.get(v, 0) + 1
+    rank = {v: first[v] + (ties[v] + 1) / 2 for v in ties}  # 1-based mean rank of each value
+    u = sum(rank[x] for x in xs) - m * (m + 1) / 2
+    total = m + n
+    var = m * n / 12 * (total + 1 - sum(t ** 3 - t for t in ties.values()) / (total * (total - 1)))
+    if var <= 0:
+        return 1.0
+    z = (abs(u - m * n / 2) - 0.5) / math.sqrt(var)  # with the continuity correction
+    return min(1.0, math.erfc(max(z, 0.0) / math.sqrt(2)))
 
 
 def versus(a_paths: list[str], b_paths: list[str], conc: int, a_idle: int = 0, b_idle: int = 0,
