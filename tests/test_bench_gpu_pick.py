@@ -1,6 +1,6 @@
 """bench/gpu/pick_pairs.py's table against its committed runs (results/pick-api2-h200, and
-results/pick-defaults-h200 and pick-defaults2-h200 under vLLM's defaults), and the switchable pick pick-api2 alternated
-(gateway_variant.py ``--variant switch``)."""
+results/pick-defaults-h200 and pick-defaults2-h200 under vLLM's defaults), and the switchable pick
+pick-api2 alternated (gateway_variant.py ``--variant switch``)."""
 
 from __future__ import annotations
 

@@ -33,7 +33,6 @@ api_split.py reads them too.
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import os
 import random
@@ -56,6 +55,7 @@ from in_pass import Sampler, descendants, engine, means, vllm_means
 from pair_stats import _boot_pairs
 from pin import cores
 from twin_pairs import drain
+from twin_stats import load
 from twin_versus import rank_sum_p
 
 HERE = Path(__file__).resolve().parent
@@ -248,13 +248,15 @@ def _cell(xs: list[float | None], key: str) -> str:
 
 
 def pooled(files: list[str]) -> list[dict[str, Any]]:
-    """The rows of several runs as one run: each file's passes numbered on after the last file's,
-    from an even number, so that neighbours() pairs passes of one run only."""
+    """The rows of several runs as one run (twin_stats.load, in file order): each file's passes
+    numbered on after the last file's, from an even number, so that neighbours() pairs passes of
+    one run only."""
     rows: list[dict[str, Any]] = []
-    for f in files:
-        start = (max((r["pass"] for r in rows), default=-1) + 2) // 2 * 2
-        with (gzip.open if f.endswith(".gz") else open)(f, "rt") as fh:
-            rows += [{**r, "pass": r["pass"] + start} for r in json.load(fh)]
+    start: dict[int, int] = {}
+    for r in load(files):
+        if r["_file"] not in start:
+            start[r["_file"]] = (max((x["pass"] for x in rows), default=-1) + 2) // 2 * 2
+        rows.append({**r, "pass": r["pass"] + start[r["_file"]]})
     return rows
 
 
