@@ -1,6 +1,7 @@
-"""bench/gpu/pick_pairs.py's table against its committed runs (results/pick-api2-h200, and
-results/pick-defaults-h200 and pick-defaults2-h200 under vLLM's defaults), and the switchable pick
-pick-api2 alternated (gateway_variant.py ``--variant switch``)."""
+"""bench/gpu/pick_pairs.py's table against its committed runs (results/pick-api2-h200;
+results/pick-defaults-h200 and pick-defaults2-h200 under vLLM's defaults; pick-ramp-h200, a pilot of a
+ramped start), its cycle of ramps, and the switchable pick pick-api2 alternated (gateway_variant.py
+``--variant switch``)."""
 
 from __future__ import annotations
 
@@ -104,6 +105,34 @@ def test_pooled_runs_pair_passes_within_a_run_only(tmp_path: Any) -> None:
     b.write_text(json.dumps([row(0, "d"), row(1, "g")]))
     assert [(r["pass"], r["kind"]) for r in pick_pairs.pooled([str(a), str(b)])] == [
         (0, "d"), (1, "g"), (2, "g"), (4, "d"), (5, "g")]
+
+
+def test_the_ramp_pilot_reads_per_start() -> None:
+    """results/pick-ramp-h200's README: 4 passes with the streams started over 10 s, then 4 together."""
+    rows = _rows("pick-ramp-h200")
+    assert [(r["kind"], r["timing"].get("ramp", 0.0)) for r in rows] == [
+        ("d", 10.0), ("g", 10.0), ("g", 10.0), ("d", 10.0), ("d", 0.0), ("g", 0.0), ("g", 0.0), ("d", 0.0)]
+    ramp, together = pick_pairs.report(pick_pairs.ramped(rows, 10.0)), pick_pairs.report(pick_pairs.ramped(rows, 0.0))
+    for line in ("Neighbouring passes as pairs (2)", "| tokens/s, g ÷ d | 1.087 (0.979–1.196) | 1 |",
+                 "| TTFT p50 ms, g ÷ d | 0.697 (0.630–0.765) | 0 |", "gateway 0, direct 0 of 2"):
+        assert line in ramp, line
+    for line in ("Neighbouring passes as pairs (2)", "| tokens/s, g ÷ d | 1.206 (1.205–1.207) | 2 |",
+                 "| TTFT p50 ms, g ÷ d | 2.256 (1.501–3.011) | 2 |", "gateway 2, direct 0 of 2"):
+        assert line in together, line
+
+
+def test_run_takes_one_ramp_a_cycle_of_kinds(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--ramp 10,0``: a whole cycle of kinds under each ramp in turn, a second run going on with it."""
+    (tmp_path / "client-cpu.json").write_text("3")
+    (tmp_path / "variant.pid").write_text("1")
+    monkeypatch.setattr(pick_pairs, "one", lambda _m, _w, kind, _c, n, _cl, timing, _v: {
+        "pass": n, "kind": kind, "timing": timing})
+    timing = {"warmup": 15.0, "window": 30.0, "tail": 10.0}
+    pick_pairs.run("m", tmp_path, 512, 6, timing, ["d", "g", "g", "d"], [10.0, 0.0])
+    rows = pick_pairs.run("m", tmp_path, 512, 4, timing, ["d", "g", "g", "d"], [10.0, 0.0])
+    assert [r["timing"].get("ramp", 0.0) for r in rows] == [10.0] * 4 + [0.0] * 4 + [10.0] * 2
+    assert "ramp" not in rows[4]["timing"]  # together: as a run without --ramp records it
+    assert [r["pass"] for r in pick_pairs.ramped(rows, 0.0)] == [4, 5, 6, 7]
 
 
 def _origin() -> Any:

@@ -7,8 +7,9 @@
 
 ``run --ramp R`` starts each pass's streams one by one over R s instead of together: at 512 under
 vLLM's defaults a window's slow mode is mostly set by how its first requests, all started at once,
-drain 5-10 s in (twin_onset.py, results/pick-defaults2-h200); whether a ramp takes that away is not
-measured yet.
+drain 5-10 s in (twin_onset.py, results/pick-defaults2-h200). ``--ramp 10,0`` takes the ramps in
+turn, one per cycle of ``--kinds``, so that both starts share the run's drift; ``report --ramp R``
+reads only the passes with that ramp. A first pilot of 4 + 4 passes is results/pick-ramp-h200.
 
 Why: with two API servers an instance, the twin runs put 0.2 % of the gateway's first tokens past
 1.2 s under the LIFO pick, 10.9-15 % under a random one and 0.4 % direct (api_split.py), but each
@@ -150,16 +151,27 @@ def one(model_dir: str, w: Path, kind: str, conc: int, n: int, client: int, timi
     return row
 
 
-def run(model_dir: str, w: Path, conc: int, passes: int, timing: dict[str, float], kinds: list[str]) -> list[Any]:
+def run(model_dir: str, w: Path, conc: int, passes: int, timing: dict[str, float], kinds: list[str],
+        ramps: list[float]) -> list[Any]:
+    """``passes`` more passes, going on with the cycle of ``kinds``; each whole cycle takes the next
+    of ``ramps`` (0: the streams start together), so that a run cut short anywhere still holds
+    both starts in about equal numbers, each cycle's pairs under one start."""
     rows_path = w / "rows.json"
     rows: list[dict[str, Any]] = json.loads(rows_path.read_text()) if rows_path.exists() else []
     client = json.loads((w / "client-cpu.json").read_text())
     variant = int((w / "variant.pid").read_text())
     done = len(rows)  # a second run goes on with the cycle
     for n in range(done, done + passes):
-        rows.append(one(model_dir, w, kinds[n % len(kinds)], conc, n, client, timing, variant))
+        ramp = ramps[n // len(kinds) % len(ramps)]
+        timed = {**timing, **({"ramp": ramp} if ramp else {})}
+        rows.append(one(model_dir, w, kinds[n % len(kinds)], conc, n, client, timed, variant))
         rows_path.write_text(json.dumps(rows, indent=1))
     return rows
+
+
+def ramped(rows: list[dict[str, Any]], ramp: float) -> list[dict[str, Any]]:
+    """The rows of the passes whose streams started over ``ramp`` s (0: together)."""
+    return [r for r in rows if r.get("timing", {}).get("ramp", 0.0) == ramp]
 
 
 def finish(w: Path) -> dict[str, Any]:
@@ -272,14 +284,21 @@ def main() -> None:
     ap.add_argument("--warmup", type=float, default=15.0)
     ap.add_argument("--window", type=float, default=30.0)
     ap.add_argument("--tail", type=float, default=10.0)
-    ap.add_argument("--ramp", type=float, default=0.0,
-                    help="run: seconds over which a pass's streams start, one by one (window_client.py's)")
+    ap.add_argument("--ramp",
+                    help="run: seconds over which a pass's streams start, one by one (window_client.py's); "
+                    "several, comma-separated, for one each cycle of --kinds in turn. report: only the passes "
+                    "with this ramp")
     ap.add_argument("--late-ms", type=float, default=1200.0, help="report: a first token later than this is late")
     ap.add_argument("--vllm-args", help="start: the instance's vLLM arguments (twin_pairs.py's)")
     ap.add_argument("--vllm-command", help="start: the fleet file's vllm_command (twin_pairs.py's)")
-    a = ap.parse_args()
+    a = ap.parse_intermixed_args()
+    try:
+        ramps = [float(x) for x in (a.ramp or "0").split(",")]
+    except ValueError:
+        ap.error(f"--ramp: seconds, comma-separated, not {a.ramp!r}")
     if a.phase == "report":
-        print(report(pooled(a.rows), a.late_ms))
+        rows = pooled(a.rows)
+        print(report(rows if a.ramp is None else ramped(rows, ramps[0]), a.late_ms))
         return
     w = Path(a.out)
     w.mkdir(parents=True, exist_ok=True)
@@ -291,8 +310,8 @@ def main() -> None:
         kinds = a.kinds.split(",")
         if not kinds or set(kinds) - set(ROLES):
             ap.error(f"--kinds: each of d, g, r, not {a.kinds!r}")
-        timing = {"warmup": a.warmup, "window": a.window, "tail": a.tail, **({"ramp": a.ramp} if a.ramp else {})}
-        res = run(a.model_dir, w, a.conc, a.passes, timing, kinds)
+        timing = {"warmup": a.warmup, "window": a.window, "tail": a.tail}
+        res = run(a.model_dir, w, a.conc, a.passes, timing, kinds, ramps)
         print(report(res))
     else:
         res = finish(w)
