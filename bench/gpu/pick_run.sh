@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # bench/gpu/pick_pairs.py on one GPU, after ../shared/gpu-vllm's folders were carried to /tmp/w
-# (prepare.sh's header), with .gpu/tools and .whl2 carried; the 2.8 B model made on the GPU first
+# (prepare.sh's header, then kit_fit.sh here), with .gpu/tools and .whl2 carried; the 2.8 B model made on the GPU first
 # (twin_run.sh's header):
 #   bash bench/gpu/pick_run.sh start --model-dir /tmp/m28 "--vllm-command=python -m vllm.entrypoints.cli.main serve" \
 #     "--vllm-args=--max-model-len 2048 --api-server-count 2"
