@@ -296,6 +296,8 @@ def main() -> None:
         ramps = [float(x) for x in (a.ramp or "0").split(",")]
     except ValueError:
         ap.error(f"--ramp: seconds, comma-separated, not {a.ramp!r}")
+    if max(ramps) > a.warmup:  # streams still starting inside the window would be measured half-loaded
+        ap.error(f"--ramp {a.ramp}: each at most the warm-up ({a.warmup:g} s)")
     if a.phase == "report":
         rows = pooled(a.rows)
         print(report(rows if a.ramp is None else ramped(rows, ramps[0]), a.late_ms))
