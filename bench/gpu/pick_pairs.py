@@ -296,9 +296,9 @@ def main() -> None:
         ramps = [float(x) for x in (a.ramp or "0").split(",")]
     except ValueError:
         ap.error(f"--ramp: seconds, comma-separated, not {a.ramp!r}")
-    if max(ramps) > a.warmup:  # streams still starting inside the window would be measured half-loaded
-        ap.error(f"--ramp {a.ramp}: each at most the warm-up ({a.warmup:g} s)")
     if a.phase == "report":
+        if len(ramps) > 1:
+            ap.error(f"report --ramp: one ramp, not {a.ramp!r}")
         rows = pooled(a.rows)
         print(report(rows if a.ramp is None else ramped(rows, ramps[0]), a.late_ms))
         return
@@ -312,6 +312,8 @@ def main() -> None:
         kinds = a.kinds.split(",")
         if not kinds or set(kinds) - set(ROLES):
             ap.error(f"--kinds: each of d, g, r, not {a.kinds!r}")
+        if max(ramps) > a.warmup:  # streams still starting inside the window would be measured half-loaded
+            ap.error(f"--ramp {a.ramp}: each at most the warm-up ({a.warmup:g} s)")
         timing = {"warmup": a.warmup, "window": a.window, "tail": a.tail}
         res = run(a.model_dir, w, a.conc, a.passes, timing, kinds, ramps)
         print(report(res))
