@@ -5,11 +5,12 @@
     python3 bench/gpu/pick_pairs.py stop --out W
     python3 bench/gpu/pick_pairs.py report ROWS...       # here: the table by kind of pass (several runs pooled)
 
-``run --ramp R`` starts each pass's streams one by one over R s instead of together: at 512 under
-vLLM's defaults a window's slow mode is mostly set by how its first requests, all started at once,
-drain 5-10 s in (twin_onset.py, results/pick-defaults2-h200). ``--ramp 10,0`` takes the ramps in
-turn, one per cycle of ``--kinds``, so that both starts share the run's drift; ``report --ramp R``
-reads only the passes with that ramp. A first pilot of 4 + 4 passes is results/pick-ramp-h200.
+``run --ramp R`` starts each pass's streams one by one over R s instead of together, to test
+whether the slow mode at 512 under vLLM's defaults is set by how the first requests, all started at
+once, drain 5-10 s in (twin_onset.py, results/pick-defaults2-h200). ``--ramp 10,0`` takes the ramps
+in turn, one per cycle of ``--kinds``, so that both starts share the run's drift; ``report --ramp R``
+reads only the passes with that ramp. results/pick-ramp-h200 (a pilot) and pick-ramp2-h200 ran it:
+the ramp did not take the slow mode away.
 
 Why: with two API servers an instance, the twin runs put 0.2 % of the gateway's first tokens past
 1.2 s under the LIFO pick, 10.9-15 % under a random one and 0.4 % direct (api_split.py), but each
