@@ -1,7 +1,7 @@
 """bench/gpu/pick_pairs.py's table against its committed runs (results/pick-api2-h200;
 results/pick-defaults-h200 and pick-defaults2-h200 under vLLM's defaults; pick-ramp-h200, a pilot of a
-ramped start), its cycle of ramps, and the switchable pick pick-api2 alternated (gateway_variant.py
-``--variant switch``)."""
+ramped start, and pick-ramp2-h200, the two starts alternated), its cycle of ramps, and the switchable
+pick pick-api2 alternated (gateway_variant.py ``--variant switch``)."""
 
 from __future__ import annotations
 
@@ -119,6 +119,39 @@ def test_the_ramp_pilot_reads_per_start() -> None:
     for line in ("Neighbouring passes as pairs (2)", "| tokens/s, g ÷ d | 1.206 (1.205–1.207) | 2 |",
                  "| TTFT p50 ms, g ÷ d | 2.256 (1.501–3.011) | 2 |", "gateway 2, direct 0 of 2"):
         assert line in together, line
+
+
+def test_the_alternated_ramp_run_and_every_one_at_a_time_pair(capsys: pytest.CaptureFixture[str]) -> None:
+    """results/pick-ramp2-h200's README: each start with the pilot, then all five runs of this design."""
+    ramps = ["pick-ramp-h200/rows.json.gz", "pick-ramp2-h200/rows-1.json.gz", "pick-ramp2-h200/rows-2.json.gz"]
+    files = [str(RESULTS / f) for f in ramps]
+    rows = pick_pairs.pooled(files)
+    assert [r["timing"].get("ramp", 0.0) for r in rows[8:]] == ([10.0] * 4 + [0.0] * 4) * 2
+    ramp, together = pick_pairs.report(pick_pairs.ramped(rows, 10.0)), pick_pairs.report(pick_pairs.ramped(rows, 0.0))
+    for line in ("Neighbouring passes as pairs (6)", "| tokens/s, g ÷ d | 0.985 (0.926–1.135) | 2 |",
+                 "| TTFT p50 ms, g ÷ d | 0.745 (0.565–0.970) | 1 |", "| TTFT p99 ms, g ÷ d | 0.832 (0.705–0.977) | 1 |",
+                 "gateway 2, direct 3 of 6"):
+        assert line in ramp, line
+    for line in ("Neighbouring passes as pairs (6)", "| tokens/s, g ÷ d | 1.126 (1.012–1.205) | 5 |",
+                 "| TTFT p50 ms, g ÷ d | 1.035 (0.647–2.057) | 3 |", "| TTFT p99 ms, g ÷ d | 1.179 (0.859–1.597) | 3 |",
+                 "gateway 2, direct 1 of 6"):
+        assert line in together, line
+    defaults = [str(RESULTS / run / "rows.json.gz") for run in ("pick-defaults-h200", "pick-defaults2-h200")]
+    every = pick_pairs.pooled(defaults + files)
+    out = pick_pairs.report(every)
+    for line in ("Neighbouring passes as pairs (36)", "| tokens/s, g ÷ d | 1.063 (1.009–1.088) | 24 |",
+                 "| TTFT p50 ms, g ÷ d | 0.949 (0.840–1.103) | 14 |",
+                 "| TTFT p99 ms, g ÷ d | 0.915 (0.852–1.043) | 14 |", "gateway 13, direct 7 of 36"):
+        assert line in out, line
+    out = pick_pairs.report(pick_pairs.ramped(every, 0.0))
+    for line in ("Neighbouring passes as pairs (30)", "| tokens/s, g ÷ d | 1.072 (1.015–1.091) | 22 |",
+                 "| TTFT p50 ms, g ÷ d | 0.978 (0.868–1.359) | 13 |", "in a pair alone: gateway 11, direct 4"):
+        assert line in out, line
+    onset = printed(capsys, "twin_onset", ["--conc", "512", "--ramp", "0", *files])
+    assert "Slow among the windows whose fewest was 120 or more: 1 of 5; below 120: 2 of 7" in onset
+    assert "| slow | 58 | 3 | fast | 0.712 |" in onset
+    onset = printed(capsys, "twin_onset", ["--conc", "512", "--ramp", "10", *files])
+    assert "means over 7 fast and 5 slow windows" in onset and "| slow | 43 | 5 | fast | 0.222 |" in onset
 
 
 def test_run_takes_one_ramp_a_cycle_of_kinds(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:

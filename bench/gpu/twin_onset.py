@@ -13,6 +13,7 @@ a later bin (came back). Last, the fewest requests the engine ran in one sample 
 where the streams that all started together end their first requests: by side and by mode.
 
     python3 bench/gpu/twin_onset.py --conc 512 --slow-ttft-ms 2400 --bin 5 ROWS...
+    python3 bench/gpu/twin_onset.py --ramp 10 ROWS...   # pick_pairs.py's passes of one start only
 """
 
 from __future__ import annotations
@@ -96,8 +97,10 @@ def first_wave(rows: list[dict[str, Any]], conc: int, slow_ms: float, span: tupl
 
 
 def table(paths: list[str], conc: int, slow_ms: float, width: float, end: float, low: float = 280,
-          high: float = 370) -> str:
+          high: float = 370, ramp: float | None = None) -> str:
     rows = load(paths)
+    if ramp is not None:  # pick_pairs.py's passes of one start only (pick_pairs.ramped's rule)
+        rows = [r for r in rows if r.get("timing", {}).get("ramp", 0.0) == ramp]
     per = binned(rows, conc, slow_ms, width, end)
     counts = {m: sum((side["median_ttft_ms"] > slow_ms) == m for _, _, side in gateway_windows(rows, conc))
               for m in per}
@@ -127,8 +130,9 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--end", type=float, default=55.0, help="seconds since the pass's start to cover")
     ap.add_argument("--low", type=float, default=280.0, help="fewer requests running than this: fallen")
     ap.add_argument("--high", type=float, default=370.0, help="this many or more again: came back")
+    ap.add_argument("--ramp", type=float, help="only the passes whose streams started over this many s (0: together)")
     a = ap.parse_args(argv)
-    print(table(a.rows, a.conc, a.slow_ttft_ms, a.bin, a.end, a.low, a.high))
+    print(table(a.rows, a.conc, a.slow_ttft_ms, a.bin, a.end, a.low, a.high, a.ramp))
 
 
 if __name__ == "__main__":
