@@ -57,7 +57,7 @@ from in_pass import Sampler, descendants, engine, means, vllm_means
 from pair_stats import _boot_pairs
 from pin import cores
 from twin_pairs import drain
-from twin_stats import load
+from twin_stats import load, ramped
 from twin_versus import rank_sum_p
 
 HERE = Path(__file__).resolve().parent
@@ -168,11 +168,6 @@ def run(model_dir: str, w: Path, conc: int, passes: int, timing: dict[str, float
         rows.append(one(model_dir, w, kinds[n % len(kinds)], conc, n, client, timed, variant))
         rows_path.write_text(json.dumps(rows, indent=1))
     return rows
-
-
-def ramped(rows: list[dict[str, Any]], ramp: float) -> list[dict[str, Any]]:
-    """The rows of the passes whose streams started over ``ramp`` s (0: together)."""
-    return [r for r in rows if r.get("timing", {}).get("ramp", 0.0) == ramp]
 
 
 def finish(w: Path) -> dict[str, Any]:

@@ -24,7 +24,7 @@ import sys
 from typing import Any
 
 from in_pass import engine, in_window, instance, means
-from twin_stats import gateway_windows, load
+from twin_stats import gateway_windows, load, ramped
 from twin_versus import rank_sum_p_normal
 
 FIGURES = {"running": 0, "steps_per_s": 1, "tokens_per_step": 0, "api_cpu": 2}  # each with its decimals
@@ -99,8 +99,8 @@ def first_wave(rows: list[dict[str, Any]], conc: int, slow_ms: float, span: tupl
 def table(paths: list[str], conc: int, slow_ms: float, width: float, end: float, low: float = 280,
           high: float = 370, ramp: float | None = None) -> str:
     rows = load(paths)
-    if ramp is not None:  # pick_pairs.py's passes of one start only (pick_pairs.ramped's rule)
-        rows = [r for r in rows if r.get("timing", {}).get("ramp", 0.0) == ramp]
+    if ramp is not None:
+        rows = ramped(rows, ramp)
     per = binned(rows, conc, slow_ms, width, end)
     counts = {m: sum((side["median_ttft_ms"] > slow_ms) == m for _, _, side in gateway_windows(rows, conc))
               for m in per}

@@ -419,6 +419,11 @@ def load(paths: list[str]) -> list[dict[str, Any]]:
             for r in json.loads(gzip.decompress(Path(p).read_bytes()) if p.endswith(".gz") else Path(p).read_text())]
 
 
+def ramped(rows: list[dict[str, Any]], ramp: float) -> list[dict[str, Any]]:
+    """The rows of pick_pairs.py's passes whose streams started over ``ramp`` s (0: together)."""
+    return [r for r in rows if r.get("timing", {}).get("ramp", 0.0) == ramp]
+
+
 def main(argv: list[str]) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("rows", nargs="+")
