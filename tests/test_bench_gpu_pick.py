@@ -1,7 +1,7 @@
 """bench/gpu/pick_pairs.py's table against its committed runs (results/pick-api2-h200;
-results/pick-defaults-h200 and pick-defaults2-h200 under vLLM's defaults; pick-ramp-h200, a pilot of a
-ramped start, and pick-ramp2-h200, the two starts alternated), its cycle of ramps, and the switchable
-pick pick-api2 alternated (gateway_variant.py ``--variant switch``)."""
+results/pick-defaults-h200, pick-defaults2-h200 and pick-defaults3-h200 under vLLM's defaults;
+pick-ramp-h200, a pilot of a ramped start, and pick-ramp2-h200, the two starts alternated), its
+cycle of ramps, and the switchable pick pick-api2 alternated (gateway_variant.py ``--variant switch``)."""
 
 from __future__ import annotations
 
@@ -152,6 +152,46 @@ def test_the_alternated_ramp_run_and_every_one_at_a_time_pair(capsys: pytest.Cap
     assert "| slow | 58 | 3 | fast | 0.712 |" in onset
     onset = printed(capsys, "twin_onset", ["--conc", "512", "--ramp", "10", *files])
     assert "means over 7 fast and 5 slow windows" in onset and "| slow | 43 | 5 | fast | 0.222 |" in onset
+
+
+def test_the_third_run_under_vllms_defaults_and_every_pair_of_the_design(capsys: pytest.CaptureFixture[str]) -> None:
+    """results/pick-defaults3-h200's README: this run alone, then all six files of this design, every
+    pass and those started together, with TTFT p50's ratio of the means and its fast pairs' median."""
+    out = pick_pairs.report(_rows("pick-defaults3-h200"))
+    for line in ("Neighbouring passes as pairs (10)", "| tokens/s, g ÷ d | 0.993 (0.984–1.064) | 4 |",
+                 "| TTFT p50 ms, g ÷ d | 1.012 (0.852–1.128) | 5 |", "| TTFT p99 ms, g ÷ d | 1.021 (0.960–1.180) | 5 |",
+                 "gateway 2, direct 1 of 10; in a pair alone: gateway 1, direct 0",
+                 "mean over the pairs, g ÷ d: 1.129 (0.918–1.390); median of the 8 pairs with neither slow: 0.921"):
+        assert line in out, line
+    files = [str(RESULTS / f) for f in ("pick-defaults-h200/rows.json.gz", "pick-defaults2-h200/rows.json.gz",
+                                        "pick-ramp-h200/rows.json.gz", "pick-ramp2-h200/rows-1.json.gz",
+                                        "pick-ramp2-h200/rows-2.json.gz", "pick-defaults3-h200/rows.json.gz")]
+    every = pick_pairs.pooled(files)
+    out = pick_pairs.report(every)
+    for line in ("Neighbouring passes as pairs (46)", "| tokens/s, g ÷ d | 1.043 (1.000–1.075) | 28 |",
+                 "| TTFT p50 ms, g ÷ d | 0.965 (0.854–1.070) | 19 |",
+                 "| TTFT p99 ms, g ÷ d | 0.968 (0.884–1.045) | 19 |",
+                 "gateway 15, direct 8 of 46; in a pair alone: gateway 12, direct 5",
+                 "mean over the pairs, g ÷ d: 1.116 (0.932–1.322); median of the 26 pairs with neither slow: 0.874"):
+        assert line in out, line
+    out = pick_pairs.report(pick_pairs.ramped(every, 0.0))
+    for line in ("Neighbouring passes as pairs (40)", "| TTFT p50 ms, g ÷ d | 0.978 (0.898–1.115) | 18 |",
+                 "in a pair alone: gateway 12, direct 4",
+                 "mean over the pairs, g ÷ d: 1.192 (0.991–1.422); median of the 23 pairs with neither slow: 0.915"):
+        assert line in out, line
+    onset = printed(capsys, "twin_onset", ["--conc", "512", files[-1]])
+    assert "| slow | 81 | 3 | fast | 0.916 |" in onset
+
+
+def test_the_ratio_of_means_counts_the_side_that_is_slow_more_often() -> None:
+    """Two pairs alike and one where only the gateway is slow: the pairs' median reads 1, the ratio of
+    the means reads the slow pass; the fast pairs' median leaves it out."""
+    side = {"output_throughput": 1.0, "p99_ttft_ms": 1.0, "mean_life_ms": 1.0}
+    rows = [{"pass": i, "kind": k, "sides": {f"{k}:a": {**side, "median_ttft_ms": t}}}
+            for i, (k, t) in enumerate([("d", 1000), ("g", 1000), ("g", 3000), ("d", 1000), ("d", 1000), ("g", 1000)])]
+    out = "\n".join(pick_pairs.neighbours(rows))
+    assert "| TTFT p50 ms, g ÷ d | 1.000 (" in out and "in a pair alone: gateway 1, direct 0" in out
+    assert "mean over the pairs, g ÷ d: 1.667 (" in out and "median of the 2 pairs with neither slow: 1.000" in out
 
 
 def test_run_takes_one_ramp_a_cycle_of_kinds(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
