@@ -189,7 +189,7 @@ def test_the_ratio_of_means_counts_the_side_that_is_slow_more_often() -> None:
     side = {"output_throughput": 1.0, "p99_ttft_ms": 1.0, "mean_life_ms": 1.0}
     rows = [{"pass": i, "kind": k, "sides": {f"{k}:a": {**side, "median_ttft_ms": t}}}
             for i, (k, t) in enumerate([("d", 1000), ("g", 1000), ("g", 3000), ("d", 1000), ("d", 1000), ("g", 1000)])]
-    out = "\n".join(pick_pairs.neighbours(rows))
+    out = "\n".join(pick_pairs.neighbours(rows, pick_pairs.MEASURES))
     assert "| TTFT p50 ms, g ÷ d | 1.000 (" in out and "in a pair alone: gateway 1, direct 0" in out
     assert "mean over the pairs, g ÷ d: 1.667 (" in out and "median of the 2 pairs with neither slow: 1.000" in out
 

@@ -20,6 +20,8 @@ pairs' own spread then says about how many pairs a 90 % interval of ±1 % or ±5
 Then, for passes with per-request timestamps (``--probe`` with a traced gateway or ``--trace-vllm``):
 the client's send → the server's read (``to_server`` for vLLM direct, ``to_gateway`` for the
 gateway), apart for a connection's first request, and the gateway's own stages.
+
+``neighbours`` reads pick_pairs.py's passes run one at a time as pairs the same way.
 """
 
 from __future__ import annotations
@@ -69,6 +71,39 @@ def boot_mean_ratio(pairs: list[tuple[float, float]], rng: random.Random,
         return sum(a for a, _ in ps) / sum(b for _, b in ps)
     means = sorted(ratio(rng.choices(pairs, k=len(pairs))) for _ in range(draws))
     return ratio(pairs), means[int(0.05 * draws)], means[int(0.95 * draws) - 1]
+
+
+def neighbours(rows: list[dict[str, Any]], measures: tuple[tuple[str, str], ...],
+               slow_ms: float = 2400.0) -> list[str]:
+    """pick_pairs.py's rows, passes 2k and 2k+1 as a pair where one is ``g`` and the other ``d``
+    (kinds d,g,g,d: each pair run back to back, a drift over the run falling on both kinds alike):
+    per measure (its name, its key in a side's figures) the median of the pairs' g ÷ d (90 %
+    bootstrap interval, pairs resampled) and how many are above 1; then the windows in vLLM's slow
+    mode (TTFT p50 above ``slow_ms``, as twin_stats.py counts them); then TTFT p50's ratio of the
+    means, which counts how often each side was slow, and the pairs' median where neither was."""
+    side = {r["pass"]: (r["kind"], next(iter(r["sides"].values()))) for r in rows}
+    pairs = [(side[k][1], side[k + 1][1]) if side[k][0] == "g" else (side[k + 1][1], side[k][1])
+             for k in sorted(side) if k % 2 == 0 and k + 1 in side and {side[k][0], side[k + 1][0]} == {"g", "d"}]
+    if not pairs:
+        return []
+    rng = random.Random(21)
+    lines = ["", f"Neighbouring passes as pairs ({len(pairs)}): gateway ÷ direct", "",
+             "| measure | median of the pairs (90 % interval) | above 1 |", "|---|---|---|"]
+    for name, key in [*measures, ("request's life mean", "mean_life_ms")]:
+        ratios = [g[key] / d[key] for g, d in pairs]
+        lo, hi = _boot_pairs(ratios, rng)
+        mid, above = statistics.median(ratios), sum(x > 1 for x in ratios)
+        lines.append(f"| {name}, g ÷ d | {mid:.3f} ({lo:.3f}–{hi:.3f}) | {above} |")
+    slow = [(g["median_ttft_ms"] > slow_ms, d["median_ttft_ms"] > slow_ms) for g, d in pairs]
+    lines += ["", f"Slow windows (TTFT p50 above {slow_ms:g} ms): gateway {sum(g for g, _ in slow)}, direct "
+              f"{sum(d for _, d in slow)} of {len(pairs)}; in a pair alone: gateway "
+              f"{sum(g and not d for g, d in slow)}, direct {sum(d and not g for g, d in slow)}"]
+    ttft = [(g["median_ttft_ms"], d["median_ttft_ms"]) for g, d in pairs]
+    mean, lo, hi = boot_mean_ratio(ttft, rng)
+    fast = [g / d for (g, d), s in zip(ttft, slow, strict=True) if not any(s)]
+    lines.append(f"TTFT p50, mean over the pairs, g ÷ d: {mean:.3f} ({lo:.3f}–{hi:.3f}); median of the "
+                 f"{len(fast)} pairs with neither slow: " + (f"{statistics.median(fast):.3f}" if fast else "-"))
+    return lines
 
 
 def _by_pass(group: list[dict[str, Any]], target: str, key: str) -> dict[tuple[int, int], float]:

@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import signal
 import statistics
 import subprocess
@@ -54,7 +53,7 @@ from bench_clients import cpu_seconds
 from detached_up import launch_up, stop
 from gpu_fleet import base_fleet, fleet_healthy, inst, instances, wait
 from in_pass import Sampler, descendants, engine, means, vllm_means
-from pair_stats import _boot_pairs, boot_mean_ratio
+from pair_stats import neighbours
 from pin import cores
 from twin_pairs import drain
 from twin_stats import load, ramped
@@ -219,39 +218,7 @@ def report(rows: list[dict[str, Any]], late_ms: float = 1200.0) -> str:
             mid = statistics.median(ys) if ys else 0
             cells.append(f"{statistics.median(xs) / mid:.3f}, p = {rank_sum_p(xs, ys):.3f}" if xs and mid else "-")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    return "\n".join(lines + neighbours(rows))
-
-
-def neighbours(rows: list[dict[str, Any]], slow_ms: float = 2400.0) -> list[str]:
-    """Passes 2k and 2k+1 as a pair where one is ``g`` and the other ``d`` (kinds d,g,g,d: each pair
-    run back to back, a drift over the run falling on both kinds alike): per measure the median of
-    the pairs' g ÷ d (90 % bootstrap interval, pairs resampled) and how many are above 1; then the
-    windows in vLLM's slow mode (TTFT p50 above ``slow_ms``, as twin_stats.py counts them); then TTFT
-    p50's ratio of the means, which counts how often each side was slow, and the pairs' median
-    where neither was."""
-    side = {r["pass"]: (r["kind"], next(iter(r["sides"].values()))) for r in rows}
-    pairs = [(side[k][1], side[k + 1][1]) if side[k][0] == "g" else (side[k + 1][1], side[k][1])
-             for k in sorted(side) if k % 2 == 0 and k + 1 in side and {side[k][0], side[k + 1][0]} == {"g", "d"}]
-    if not pairs:
-        return []
-    rng = random.Random(21)
-    lines = ["", f"Neighbouring passes as pairs ({len(pairs)}): gateway ÷ direct", "",
-             "| measure | median of the pairs (90 % interval) | above 1 |", "|---|---|---|"]
-    for name, key in [*MEASURES, ("request's life mean", "mean_life_ms")]:
-        ratios = [g[key] / d[key] for g, d in pairs]
-        lo, hi = _boot_pairs(ratios, rng)
-        mid, above = statistics.median(ratios), sum(x > 1 for x in ratios)
-        lines.append(f"| {name}, g ÷ d | {mid:.3f} ({lo:.3f}–{hi:.3f}) | {above} |")
-    slow = [(g["median_ttft_ms"] > slow_ms, d["median_ttft_ms"] > slow_ms) for g, d in pairs]
-    lines += ["", f"Slow windows (TTFT p50 above {slow_ms:g} ms): gateway {sum(g for g, _ in slow)}, direct "
-              f"{sum(d for _, d in slow)} of {len(pairs)}; in a pair alone: gateway "
-              f"{sum(g and not d for g, d in slow)}, direct {sum(d and not g for g, d in slow)}"]
-    ttft = [(g["median_ttft_ms"], d["median_ttft_ms"]) for g, d in pairs]
-    mean, lo, hi = boot_mean_ratio(ttft, rng)
-    fast = [g / d for (g, d), s in zip(ttft, slow, strict=True) if not any(s)]
-    lines.append(f"TTFT p50, mean over the pairs, g ÷ d: {mean:.3f} ({lo:.3f}–{hi:.3f}); median of the "
-                 f"{len(fast)} pairs with neither slow: " + (f"{statistics.median(fast):.3f}" if fast else "-"))
-    return lines
+    return "\n".join(lines + neighbours(rows, MEASURES))
 
 
 def _cell(xs: list[float | None], key: str) -> str:
