@@ -1,4 +1,4 @@
-"""bench/gpu/pick_pairs.py's table against its committed runs (results/pick-api2-h200;
+"""bench/gpu/pick_pairs.py's table against its committed runs (results/pick-api2-h200, pick-api2-conc-h200;
 results/pick-defaults-h200, pick-defaults2-h200 and pick-defaults3-h200 under vLLM's defaults;
 pick-ramp-h200, a pilot of a ramped start, and pick-ramp2-h200, the two starts alternated), its
 cycle of ramps, and the switchable pick pick-api2 alternated (gateway_variant.py ``--variant switch``)."""
@@ -181,6 +181,26 @@ def test_the_third_run_under_vllms_defaults_and_every_pair_of_the_design(capsys:
         assert line in out, line
     onset = printed(capsys, "twin_onset", ["--conc", "512", files[-1]])
     assert "| slow | 81 | 3 | fast | 0.916 |" in onset
+
+
+def test_two_api_servers_at_256_and_1024_read_by_concurrency(capsys: pytest.CaptureFixture[str],
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """results/pick-api2-conc-h200's README: one file holding passes at 1,024 and at 256, pairs within
+    one concurrency; ``report --conc`` reads each alone, and without it the file's 10 pairs."""
+    path = str(RESULTS / "pick-api2-conc-h200" / "rows.json.gz")
+    expect = {"256": ("| tokens/s, g ÷ d | 1.184 (1.090–1.193) | 5 |",
+                      "| TTFT p50 ms, g ÷ d | 0.849 (0.814–0.963) | 0 |",
+                      "mean over the pairs, g ÷ d: 0.875 (0.839–0.920)"),
+              "1024": ("| tokens/s, g ÷ d | 0.967 (0.833–1.038) | 1 |",
+                       "| TTFT p50 ms, g ÷ d | 1.165 (0.778–1.380) | 3 |",
+                       "mean over the pairs, g ÷ d: 1.080 (0.909–1.282)")}
+    for conc, lines in expect.items():
+        monkeypatch.setattr("sys.argv", ["pick_pairs.py", "report", "--conc", conc, path])
+        pick_pairs.main()
+        out = capsys.readouterr().out
+        for line in ("Neighbouring passes as pairs (5)", "gateway 0, direct 0 of 5", *lines):
+            assert line in out, (conc, line)
+    assert "Neighbouring passes as pairs (10)" in pick_pairs.report(_rows("pick-api2-conc-h200"))
 
 
 def test_the_ratio_of_means_counts_the_side_that_is_slow_more_often() -> None:

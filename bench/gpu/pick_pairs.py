@@ -3,7 +3,7 @@
     python3 bench/gpu/pick_pairs.py start --out W --model-dir M [--vllm-command ...] [--vllm-args ...]
     python3 bench/gpu/pick_pairs.py run --out W --model-dir M --conc 512 --passes 6 --kinds d,g,r,r,g,d
     python3 bench/gpu/pick_pairs.py stop --out W
-    python3 bench/gpu/pick_pairs.py report ROWS...       # here: the table by kind of pass (several runs pooled)
+    python3 bench/gpu/pick_pairs.py report [--conc C] ROWS...   # here: the table by kind (runs pooled)
 
 ``run --ramp R`` starts each pass's streams one by one over R s instead of together, to test
 whether the slow mode at 512 under vLLM's defaults is set by how the first requests, all started at
@@ -248,7 +248,7 @@ def main() -> None:
     ap.add_argument("rows", nargs="*", help="report: rows.json files (.gz too)")
     ap.add_argument("--model-dir", default="/tmp/tiny-model")
     ap.add_argument("--out", default="/tmp/pick")
-    ap.add_argument("--conc", type=int, default=512)
+    ap.add_argument("--conc", type=int, help="run: streams a pass (512); report: only the passes at this many")
     ap.add_argument("--passes", type=int, default=6)
     ap.add_argument("--kinds", default="d,g,r,r,g,d", help="run: the kinds of pass to cycle through (d, g, r)")
     ap.add_argument("--warmup", type=float, default=15.0)
@@ -269,7 +269,7 @@ def main() -> None:
     if a.phase == "report":
         if len(ramps) > 1:
             ap.error(f"report --ramp: one ramp, not {a.ramp!r}")
-        rows = pooled(a.rows)
+        rows = [r for r in pooled(a.rows) if a.conc is None or r["conc"] == a.conc]
         print(report(rows if a.ramp is None else ramped(rows, ramps[0]), a.late_ms))
         return
     w = Path(a.out)
@@ -285,7 +285,7 @@ def main() -> None:
         if max(ramps) > a.warmup:  # streams still starting inside the window would be measured half-loaded
             ap.error(f"--ramp {a.ramp}: each at most the warm-up ({a.warmup:g} s)")
         timing = {"warmup": a.warmup, "window": a.window, "tail": a.tail}
-        res = run(a.model_dir, w, a.conc, a.passes, timing, kinds, ramps)
+        res = run(a.model_dir, w, a.conc or 512, a.passes, timing, kinds, ramps)
         print(report(res))
     else:
         res = finish(w)
