@@ -1,5 +1,5 @@
 """bench/gpu/pick_pairs.py's table against its committed runs (results/pick-api2-h200, pick-api2-conc-h200;
-results/pick-defaults-h200, pick-defaults2-h200 and pick-defaults3-h200 under vLLM's defaults;
+results/pick-defaults-h200, pick-defaults2-h200, pick-defaults3-h200 and pick-defaults4-h200 under vLLM's defaults;
 pick-ramp-h200, a pilot of a ramped start, and pick-ramp2-h200, the two starts alternated), its
 cycle of ramps, and the switchable pick pick-api2 alternated (gateway_variant.py ``--variant switch``)."""
 
@@ -18,6 +18,13 @@ from tests.support.bench_gpu import DEFAULTS_512, DEFAULTS_PICK, HOLDER, IDLE, R
 
 pick_pairs = load("pick_pairs")
 variant = load("gateway_variant")
+
+
+# Every one-at-a-time run under vLLM's defaults at 512, in the order they ran.
+_DESIGN = [str(RESULTS / f) for f in ("pick-defaults-h200/rows.json.gz", "pick-defaults2-h200/rows.json.gz",
+                                      "pick-ramp-h200/rows.json.gz", "pick-ramp2-h200/rows-1.json.gz",
+                                      "pick-ramp2-h200/rows-2.json.gz", "pick-defaults3-h200/rows.json.gz",
+                                      "pick-defaults4-h200/rows.json.gz")]
 
 
 def _rows(run: str = "pick-api2-h200") -> list[dict[str, Any]]:
@@ -163,9 +170,7 @@ def test_the_third_run_under_vllms_defaults_and_every_pair_of_the_design(capsys:
                  "gateway 2, direct 1 of 10; in a pair alone: gateway 1, direct 0",
                  "mean over the pairs, g ÷ d: 1.129 (0.918–1.390); median of the 8 pairs with neither slow: 0.921"):
         assert line in out, line
-    files = [str(RESULTS / f) for f in ("pick-defaults-h200/rows.json.gz", "pick-defaults2-h200/rows.json.gz",
-                                        "pick-ramp-h200/rows.json.gz", "pick-ramp2-h200/rows-1.json.gz",
-                                        "pick-ramp2-h200/rows-2.json.gz", "pick-defaults3-h200/rows.json.gz")]
+    files = _DESIGN[:6]
     every = pick_pairs.pooled(files)
     out = pick_pairs.report(every)
     for line in ("Neighbouring passes as pairs (46)", "| tokens/s, g ÷ d | 1.043 (1.000–1.075) | 28 |",
@@ -181,6 +186,32 @@ def test_the_third_run_under_vllms_defaults_and_every_pair_of_the_design(capsys:
         assert line in out, line
     onset = printed(capsys, "twin_onset", ["--conc", "512", files[-1]])
     assert "| slow | 81 | 3 | fast | 0.916 |" in onset
+
+
+def test_the_fourth_run_under_vllms_defaults_and_every_pair_of_the_design(capsys: pytest.CaptureFixture[str]) -> None:
+    """results/pick-defaults4-h200's README: this run alone, then all seven files of this design."""
+    out = pick_pairs.report(_rows("pick-defaults4-h200"))
+    for line in ("Neighbouring passes as pairs (10)", "| tokens/s, g ÷ d | 1.011 (0.982–1.107) | 6 |",
+                 "| TTFT p50 ms, g ÷ d | 0.931 (0.881–1.217) | 4 |", "| TTFT p99 ms, g ÷ d | 1.044 (0.861–1.209) | 6 |",
+                 "gateway 4, direct 4 of 10; in a pair alone: gateway 1, direct 1",
+                 "mean over the pairs, g ÷ d: 0.980 (0.777–1.247); median of the 5 pairs with neither slow: 0.936"):
+        assert line in out, line
+    every = pick_pairs.pooled(_DESIGN)
+    out = pick_pairs.report(every)
+    for line in ("Neighbouring passes as pairs (56)", "| tokens/s, g ÷ d | 1.025 (1.000–1.075) | 34 |",
+                 "| TTFT p50 ms, g ÷ d | 0.949 (0.874–1.066) | 23 |",
+                 "| TTFT p99 ms, g ÷ d | 0.975 (0.898–1.064) | 25 |",
+                 "| request's life mean, g ÷ d | 0.949 (0.926–1.005) | 23 |",
+                 "gateway 19, direct 12 of 56; in a pair alone: gateway 13, direct 6",
+                 "mean over the pairs, g ÷ d: 1.086 (0.944–1.249); median of the 31 pairs with neither slow: 0.915"):
+        assert line in out, line
+    out = pick_pairs.report(pick_pairs.ramped(every, 0.0))
+    for line in ("Neighbouring passes as pairs (50)", "| TTFT p50 ms, g ÷ d | 0.968 (0.915–1.103) | 22 |",
+                 "gateway 17, direct 9 of 50; in a pair alone: gateway 13, direct 5",
+                 "mean over the pairs, g ÷ d: 1.138 (0.970–1.332); median of the 28 pairs with neither slow: 0.928"):
+        assert line in out, line
+    onset = printed(capsys, "twin_onset", ["--conc", "512", _DESIGN[-1]])
+    assert "| slow | 178 | 8 | fast | 0.464 |" in onset
 
 
 def test_two_api_servers_at_256_and_1024_read_by_concurrency(capsys: pytest.CaptureFixture[str],
