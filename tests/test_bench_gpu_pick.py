@@ -161,57 +161,53 @@ def test_the_alternated_ramp_run_and_every_one_at_a_time_pair(capsys: pytest.Cap
     assert "means over 7 fast and 5 slow windows" in onset and "| slow | 43 | 5 | fast | 0.222 |" in onset
 
 
-def test_the_third_run_under_vllms_defaults_and_every_pair_of_the_design(capsys: pytest.CaptureFixture[str]) -> None:
-    """results/pick-defaults3-h200's README: this run alone, then all six files of this design, every
-    pass and those started together, with TTFT p50's ratio of the means and its fast pairs' median."""
-    out = pick_pairs.report(_rows("pick-defaults3-h200"))
-    for line in ("Neighbouring passes as pairs (10)", "| tokens/s, g ÷ d | 0.993 (0.984–1.064) | 4 |",
-                 "| TTFT p50 ms, g ÷ d | 1.012 (0.852–1.128) | 5 |", "| TTFT p99 ms, g ÷ d | 1.021 (0.960–1.180) | 5 |",
-                 "gateway 2, direct 1 of 10; in a pair alone: gateway 1, direct 0",
-                 "mean over the pairs, g ÷ d: 1.129 (0.918–1.390); median of the 8 pairs with neither slow: 0.921"):
-        assert line in out, line
-    files = _DESIGN[:6]
-    every = pick_pairs.pooled(files)
-    out = pick_pairs.report(every)
-    for line in ("Neighbouring passes as pairs (46)", "| tokens/s, g ÷ d | 1.043 (1.000–1.075) | 28 |",
-                 "| TTFT p50 ms, g ÷ d | 0.965 (0.854–1.070) | 19 |",
-                 "| TTFT p99 ms, g ÷ d | 0.968 (0.884–1.045) | 19 |",
-                 "gateway 15, direct 8 of 46; in a pair alone: gateway 12, direct 5",
-                 "mean over the pairs, g ÷ d: 1.116 (0.932–1.322); median of the 26 pairs with neither slow: 0.874"):
-        assert line in out, line
-    out = pick_pairs.report(pick_pairs.ramped(every, 0.0))
-    for line in ("Neighbouring passes as pairs (40)", "| TTFT p50 ms, g ÷ d | 0.978 (0.898–1.115) | 18 |",
-                 "in a pair alone: gateway 12, direct 4",
-                 "mean over the pairs, g ÷ d: 1.192 (0.991–1.422); median of the 23 pairs with neither slow: 0.915"):
-        assert line in out, line
-    onset = printed(capsys, "twin_onset", ["--conc", "512", files[-1]])
-    assert "| slow | 81 | 3 | fast | 0.916 |" in onset
+# Each run's README: (its folder, how many files of the design pool up to it, lines of its own
+# report, of the pooled report, of the pooled passes started together, and of twin_onset on it).
+_DEFAULTS_RUNS = [
+    ("pick-defaults3-h200", 6,
+     ("Neighbouring passes as pairs (10)", "| tokens/s, g ÷ d | 0.993 (0.984–1.064) | 4 |",
+      "| TTFT p50 ms, g ÷ d | 1.012 (0.852–1.128) | 5 |", "| TTFT p99 ms, g ÷ d | 1.021 (0.960–1.180) | 5 |",
+      "gateway 2, direct 1 of 10; in a pair alone: gateway 1, direct 0",
+      "mean over the pairs, g ÷ d: 1.129 (0.918–1.390); median of the 8 pairs with neither slow: 0.921"),
+     ("Neighbouring passes as pairs (46)", "| tokens/s, g ÷ d | 1.043 (1.000–1.075) | 28 |",
+      "| TTFT p50 ms, g ÷ d | 0.965 (0.854–1.070) | 19 |", "| TTFT p99 ms, g ÷ d | 0.968 (0.884–1.045) | 19 |",
+      "gateway 15, direct 8 of 46; in a pair alone: gateway 12, direct 5",
+      "mean over the pairs, g ÷ d: 1.116 (0.932–1.322); median of the 26 pairs with neither slow: 0.874"),
+     ("Neighbouring passes as pairs (40)", "| TTFT p50 ms, g ÷ d | 0.978 (0.898–1.115) | 18 |",
+      "in a pair alone: gateway 12, direct 4",
+      "mean over the pairs, g ÷ d: 1.192 (0.991–1.422); median of the 23 pairs with neither slow: 0.915"),
+     "| slow | 81 | 3 | fast | 0.916 |"),
+    ("pick-defaults4-h200", 7,
+     ("Neighbouring passes as pairs (10)", "| tokens/s, g ÷ d | 1.011 (0.982–1.107) | 6 |",
+      "| TTFT p50 ms, g ÷ d | 0.931 (0.881–1.217) | 4 |", "| TTFT p99 ms, g ÷ d | 1.044 (0.861–1.209) | 6 |",
+      "gateway 4, direct 4 of 10; in a pair alone: gateway 1, direct 1",
+      "mean over the pairs, g ÷ d: 0.980 (0.777–1.247); median of the 5 pairs with neither slow: 0.936"),
+     ("Neighbouring passes as pairs (56)", "| tokens/s, g ÷ d | 1.025 (1.000–1.075) | 34 |",
+      "| TTFT p50 ms, g ÷ d | 0.949 (0.874–1.066) | 23 |", "| TTFT p99 ms, g ÷ d | 0.975 (0.898–1.064) | 25 |",
+      "| request's life mean, g ÷ d | 0.949 (0.926–1.005) | 23 |",
+      "gateway 19, direct 12 of 56; in a pair alone: gateway 13, direct 6",
+      "mean over the pairs, g ÷ d: 1.086 (0.944–1.249); median of the 31 pairs with neither slow: 0.915"),
+     ("Neighbouring passes as pairs (50)", "| TTFT p50 ms, g ÷ d | 0.968 (0.915–1.103) | 22 |",
+      "gateway 17, direct 9 of 50; in a pair alone: gateway 13, direct 5",
+      "mean over the pairs, g ÷ d: 1.138 (0.970–1.332); median of the 28 pairs with neither slow: 0.928"),
+     "| slow | 178 | 8 | fast | 0.464 |"),
+]
 
 
-def test_the_fourth_run_under_vllms_defaults_and_every_pair_of_the_design(capsys: pytest.CaptureFixture[str]) -> None:
-    """results/pick-defaults4-h200's README: this run alone, then all seven files of this design."""
-    out = pick_pairs.report(_rows("pick-defaults4-h200"))
-    for line in ("Neighbouring passes as pairs (10)", "| tokens/s, g ÷ d | 1.011 (0.982–1.107) | 6 |",
-                 "| TTFT p50 ms, g ÷ d | 0.931 (0.881–1.217) | 4 |", "| TTFT p99 ms, g ÷ d | 1.044 (0.861–1.209) | 6 |",
-                 "gateway 4, direct 4 of 10; in a pair alone: gateway 1, direct 1",
-                 "mean over the pairs, g ÷ d: 0.980 (0.777–1.247); median of the 5 pairs with neither slow: 0.936"):
-        assert line in out, line
-    every = pick_pairs.pooled(_DESIGN)
-    out = pick_pairs.report(every)
-    for line in ("Neighbouring passes as pairs (56)", "| tokens/s, g ÷ d | 1.025 (1.000–1.075) | 34 |",
-                 "| TTFT p50 ms, g ÷ d | 0.949 (0.874–1.066) | 23 |",
-                 "| TTFT p99 ms, g ÷ d | 0.975 (0.898–1.064) | 25 |",
-                 "| request's life mean, g ÷ d | 0.949 (0.926–1.005) | 23 |",
-                 "gateway 19, direct 12 of 56; in a pair alone: gateway 13, direct 6",
-                 "mean over the pairs, g ÷ d: 1.086 (0.944–1.249); median of the 31 pairs with neither slow: 0.915"):
-        assert line in out, line
-    out = pick_pairs.report(pick_pairs.ramped(every, 0.0))
-    for line in ("Neighbouring passes as pairs (50)", "| TTFT p50 ms, g ÷ d | 0.968 (0.915–1.103) | 22 |",
-                 "gateway 17, direct 9 of 50; in a pair alone: gateway 13, direct 5",
-                 "mean over the pairs, g ÷ d: 1.138 (0.970–1.332); median of the 28 pairs with neither slow: 0.928"):
-        assert line in out, line
-    onset = printed(capsys, "twin_onset", ["--conc", "512", _DESIGN[-1]])
-    assert "| slow | 178 | 8 | fast | 0.464 |" in onset
+@pytest.mark.parametrize(("run", "files", "alone", "pooled", "together", "onset"), _DEFAULTS_RUNS,
+                         ids=[r[0] for r in _DEFAULTS_RUNS])
+def test_a_run_under_vllms_defaults_and_every_pair_of_the_design_so_far(
+        capsys: pytest.CaptureFixture[str], run: str, files: int, alone: tuple[str, ...], pooled: tuple[str, ...],
+        together: tuple[str, ...], onset: str) -> None:
+    """A run's README: the run alone, then every file of this design up to it, every pass and those
+    started together, with TTFT p50's ratio of the means and its fast pairs' median."""
+    assert _DESIGN[files - 1].endswith(f"{run}/rows.json.gz")
+    every = pick_pairs.pooled(_DESIGN[:files])
+    for out, lines in ((pick_pairs.report(_rows(run)), alone), (pick_pairs.report(every), pooled),
+                       (pick_pairs.report(pick_pairs.ramped(every, 0.0)), together)):
+        for line in lines:
+            assert line in out, line
+    assert onset in printed(capsys, "twin_onset", ["--conc", "512", _DESIGN[files - 1]])
 
 
 def test_two_api_servers_at_256_and_1024_read_by_concurrency(capsys: pytest.CaptureFixture[str],
