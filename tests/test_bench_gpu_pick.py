@@ -61,7 +61,7 @@ def test_neighbouring_pairs_under_vllms_defaults(capsys: pytest.CaptureFixture[s
         assert line in out, line
     # a run whose passes do not pair (r, r) leaves those out: pick-api2's d,g,r,r,g,d holds 5 d/g pairs
     assert "Neighbouring passes as pairs (5)" in pick_pairs.report(_rows())
-    onset = printed(capsys, "twin_onset", ["--conc", "512", str(RESULTS / "pick-defaults-h200" / "rows.json.gz")])
+    onset = printed(capsys, "twin_onset", ["--conc", "512", _DESIGN[0]])
     assert "| direct | 12 | 6 |" in onset and "| gateway | 12 | 7 |" in onset
     assert "means over 17 fast and 7 slow windows" in onset
 
@@ -76,7 +76,7 @@ def test_the_second_run_under_vllms_defaults_alone_and_pooled(capsys: pytest.Cap
                  "| request's life mean, g ÷ d | 0.972 (0.903–1.118) | 5 |",
                  "gateway 4, direct 1 of 12; in a pair alone: gateway 4, direct 1"):
         assert line in out, line
-    files = [str(RESULTS / run / "rows.json.gz") for run in ("pick-defaults-h200", "pick-defaults2-h200")]
+    files = _DESIGN[:2]
     both = pick_pairs.pooled(files)
     assert sorted(r["pass"] for r in both) == list(range(48))  # the second run's passes numbered on
     out = pick_pairs.report(both)
@@ -130,8 +130,7 @@ def test_the_ramp_pilot_reads_per_start() -> None:
 
 def test_the_alternated_ramp_run_and_every_one_at_a_time_pair(capsys: pytest.CaptureFixture[str]) -> None:
     """results/pick-ramp2-h200's README: each start with the pilot, then all five runs of this design."""
-    ramps = ["pick-ramp-h200/rows.json.gz", "pick-ramp2-h200/rows-1.json.gz", "pick-ramp2-h200/rows-2.json.gz"]
-    files = [str(RESULTS / f) for f in ramps]
+    files = _DESIGN[2:5]  # the pilot and the alternated run's two files
     rows = pick_pairs.pooled(files)
     assert [r["timing"].get("ramp", 0.0) for r in rows[8:]] == ([10.0] * 4 + [0.0] * 4) * 2
     ramp, together = pick_pairs.report(pick_pairs.ramped(rows, 10.0)), pick_pairs.report(pick_pairs.ramped(rows, 0.0))
@@ -143,8 +142,7 @@ def test_the_alternated_ramp_run_and_every_one_at_a_time_pair(capsys: pytest.Cap
                  "| TTFT p50 ms, g ÷ d | 1.035 (0.647–2.057) | 3 |", "| TTFT p99 ms, g ÷ d | 1.179 (0.859–1.597) | 3 |",
                  "gateway 2, direct 1 of 6"):
         assert line in together, line
-    defaults = [str(RESULTS / run / "rows.json.gz") for run in ("pick-defaults-h200", "pick-defaults2-h200")]
-    every = pick_pairs.pooled(defaults + files)
+    every = pick_pairs.pooled(_DESIGN[:5])
     out = pick_pairs.report(every)
     for line in ("Neighbouring passes as pairs (36)", "| tokens/s, g ÷ d | 1.063 (1.009–1.088) | 24 |",
                  "| TTFT p50 ms, g ÷ d | 0.949 (0.840–1.103) | 14 |",
@@ -161,10 +159,10 @@ def test_the_alternated_ramp_run_and_every_one_at_a_time_pair(capsys: pytest.Cap
     assert "means over 7 fast and 5 slow windows" in onset and "| slow | 43 | 5 | fast | 0.222 |" in onset
 
 
-# Each run's README: (its folder, how many files of the design pool up to it, lines of its own
-# report, of the pooled report, of the pooled passes started together, and of twin_onset on it).
+# Each run's README: (its folder, lines of its own report, of the report over the design's files up
+# to it, of those files' passes started together, and of twin_onset on it).
 _DEFAULTS_RUNS = [
-    ("pick-defaults3-h200", 6,
+    ("pick-defaults3-h200",
      ("Neighbouring passes as pairs (10)", "| tokens/s, g ÷ d | 0.993 (0.984–1.064) | 4 |",
       "| TTFT p50 ms, g ÷ d | 1.012 (0.852–1.128) | 5 |", "| TTFT p99 ms, g ÷ d | 1.021 (0.960–1.180) | 5 |",
       "gateway 2, direct 1 of 10; in a pair alone: gateway 1, direct 0",
@@ -177,7 +175,7 @@ _DEFAULTS_RUNS = [
       "in a pair alone: gateway 12, direct 4",
       "mean over the pairs, g ÷ d: 1.192 (0.991–1.422); median of the 23 pairs with neither slow: 0.915"),
      "| slow | 81 | 3 | fast | 0.916 |"),
-    ("pick-defaults4-h200", 7,
+    ("pick-defaults4-h200",
      ("Neighbouring passes as pairs (10)", "| tokens/s, g ÷ d | 1.011 (0.982–1.107) | 6 |",
       "| TTFT p50 ms, g ÷ d | 0.931 (0.881–1.217) | 4 |", "| TTFT p99 ms, g ÷ d | 1.044 (0.861–1.209) | 6 |",
       "gateway 4, direct 4 of 10; in a pair alone: gateway 1, direct 1",
@@ -194,20 +192,20 @@ _DEFAULTS_RUNS = [
 ]
 
 
-@pytest.mark.parametrize(("run", "files", "alone", "pooled", "together", "onset"), _DEFAULTS_RUNS,
+@pytest.mark.parametrize(("run", "alone", "pooled", "together", "onset"), _DEFAULTS_RUNS,
                          ids=[r[0] for r in _DEFAULTS_RUNS])
 def test_a_run_under_vllms_defaults_and_every_pair_of_the_design_so_far(
-        capsys: pytest.CaptureFixture[str], run: str, files: int, alone: tuple[str, ...], pooled: tuple[str, ...],
+        capsys: pytest.CaptureFixture[str], run: str, alone: tuple[str, ...], pooled: tuple[str, ...],
         together: tuple[str, ...], onset: str) -> None:
     """A run's README: the run alone, then every file of this design up to it, every pass and those
     started together, with TTFT p50's ratio of the means and its fast pairs' median."""
-    assert _DESIGN[files - 1].endswith(f"{run}/rows.json.gz")
-    every = pick_pairs.pooled(_DESIGN[:files])
+    upto = _DESIGN.index(str(RESULTS / run / "rows.json.gz")) + 1
+    every = pick_pairs.pooled(_DESIGN[:upto])
     for out, lines in ((pick_pairs.report(_rows(run)), alone), (pick_pairs.report(every), pooled),
                        (pick_pairs.report(pick_pairs.ramped(every, 0.0)), together)):
         for line in lines:
             assert line in out, line
-    assert onset in printed(capsys, "twin_onset", ["--conc", "512", _DESIGN[files - 1]])
+    assert onset in printed(capsys, "twin_onset", ["--conc", "512", _DESIGN[upto - 1]])
 
 
 def test_two_api_servers_at_256_and_1024_read_by_concurrency(capsys: pytest.CaptureFixture[str],
