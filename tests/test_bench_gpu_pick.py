@@ -24,7 +24,7 @@ variant = load("gateway_variant")
 _DESIGN = [str(RESULTS / f) for f in ("pick-defaults-h200/rows.json.gz", "pick-defaults2-h200/rows.json.gz",
                                       "pick-ramp-h200/rows.json.gz", "pick-ramp2-h200/rows-1.json.gz",
                                       "pick-ramp2-h200/rows-2.json.gz", "pick-defaults3-h200/rows.json.gz",
-                                      "pick-defaults4-h200/rows.json.gz")]
+                                      "pick-defaults4-h200/rows.json.gz", "pick-defaults5-h200/rows.json.gz")]
 
 
 def _rows(run: str = "pick-api2-h200") -> list[dict[str, Any]]:
@@ -189,6 +189,20 @@ _DEFAULTS_RUNS = [
       "gateway 17, direct 9 of 50; in a pair alone: gateway 13, direct 5",
       "mean over the pairs, g ÷ d: 1.138 (0.970–1.332); median of the 28 pairs with neither slow: 0.928"),
      "| slow | 178 | 8 | fast | 0.464 |"),
+    ("pick-defaults5-h200",
+     ("Neighbouring passes as pairs (10)", "| tokens/s, g ÷ d | 0.963 (0.887–1.015) | 4 |",
+      "| TTFT p50 ms, g ÷ d | 1.776 (1.134–2.524) | 8 |", "| TTFT p99 ms, g ÷ d | 1.126 (0.961–1.338) | 6 |",
+      "gateway 5, direct 1 of 10; in a pair alone: gateway 5, direct 1",
+      "mean over the pairs, g ÷ d: 1.616 (1.099–2.207); median of the 4 pairs with neither slow: 1.177"),
+     ("Neighbouring passes as pairs (66)", "| tokens/s, g ÷ d | 1.014 (0.996–1.064) | 38 |",
+      "| TTFT p50 ms, g ÷ d | 0.978 (0.915–1.146) | 31 |", "| TTFT p99 ms, g ÷ d | 0.976 (0.949–1.077) | 31 |",
+      "| request's life mean, g ÷ d | 0.957 (0.935–1.005) | 28 |",
+      "gateway 24, direct 13 of 66; in a pair alone: gateway 18, direct 7",
+      "mean over the pairs, g ÷ d: 1.152 (1.005–1.318); median of the 35 pairs with neither slow: 0.926"),
+     ("Neighbouring passes as pairs (60)", "| TTFT p50 ms, g ÷ d | 1.029 (0.933–1.191) | 30 |",
+      "gateway 22, direct 10 of 60; in a pair alone: gateway 18, direct 6",
+      "mean over the pairs, g ÷ d: 1.206 (1.043–1.396); median of the 32 pairs with neither slow: 0.933"),
+     "| slow | 142.5 | 6 | fast | 0.804 |"),
 ]
 
 
