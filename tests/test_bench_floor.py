@@ -1,5 +1,5 @@
-"""bench/compare/floor.py's floor without ASGI (``--raw``): an HTTP/1.1 answer from a protocol of
-its own, to each request on one kept-alive connection, as the load generator uses it."""
+"""bench/compare/floor.py's floors without ASGI (``--raw``, ``--lean``): an HTTP/1.1 answer from a
+protocol of its own, to each request on one kept-alive connection, as the load generator uses it."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def _connect(port: int, proc: subprocess.Popen[bytes]) -> socket.socket:
             time.sleep(0.05)
 
 
-@pytest.mark.parametrize("server", ["raw", "raw-task"])
+@pytest.mark.parametrize("server", ["raw", "raw-task", "lean"])
 def test_raw_floor_answers_each_request_on_one_connection(server: str) -> None:
     port = free_port()
     proc = subprocess.Popen([sys.executable, str(FLOOR), "--serve", str(port), "--server", server])

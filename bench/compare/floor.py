@@ -14,7 +14,8 @@ with its own HTTP server under the proxy path could save at most. ``--router`` a
 ``--python`` runs the uvicorn and raw floors and the gateway under another interpreter (a virtual
 environment with the gateway's dependencies), as ab.py's ``--new-python``.
 
-    .venv/bin/python bench/compare/floor.py [--passes 5] [--requests 20000] [--granian] [--raw] [--router] [--python PY]
+    .venv/bin/python bench/compare/floor.py [--passes 5] [--requests 20000] [--granian] [--raw] [--lean] [--router]
+                                            [--python PY]
 """
 
 from __future__ import annotations
@@ -106,6 +107,22 @@ def serve_raw(port: int, per_request_task: bool) -> None:
     uvloop.run(main())
 
 
+def serve_lean(port: int) -> None:
+    """The floor as own_server.py's ``lean, no asgi`` server answers it: each header's name lowered
+    into a scope, a task per request that reads the body, waits one loop turn and answers."""
+    import asyncio
+
+    import uvloop
+    from own_server import LeanDirect
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(lambda: LeanDirect(loop), "127.0.0.1", port, backlog=2048)
+        await server.serve_forever()
+
+    uvloop.run(main())
+
+
 def serve(port: int) -> None:
     import uvicorn
 
@@ -170,6 +187,7 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=20000)
     ap.add_argument("--granian", action="store_true", help="also the floor under granian (pip installs it)")
     ap.add_argument("--raw", action="store_true", help="also the floor of an HTTP protocol of its own, no ASGI")
+    ap.add_argument("--lean", action="store_true", help="also the floor of own_server.py's lean server (no ASGI)")
     ap.add_argument("--router", action="store_true", help="also vllm-router in front of the fake upstream")
     ap.add_argument("--python", default=sys.executable, help="runs the uvicorn and raw floors and the gateway")
     ap.add_argument("--serve", type=int, help=argparse.SUPPRESS)
@@ -179,6 +197,8 @@ def main() -> None:
         sys.path.insert(0, str(ROOT))
         if a.server == "uvicorn":
             serve(a.serve)
+        elif a.server == "lean":
+            serve_lean(a.serve)
         elif a.server.startswith("raw"):
             serve_raw(a.serve, per_request_task=a.server == "raw-task")
         else:
@@ -196,6 +216,8 @@ def main() -> None:
     if a.raw:
         starts["raw floor"] = lambda: start_floor(work, "raw", python=py)
         starts["raw floor, a task per request"] = lambda: start_floor(work, "raw-task", python=py)
+    if a.lean:
+        starts["lean floor"] = lambda: start_floor(work, "lean", python=py)
     if a.router:
         starts["vllm-router"] = lambda: vllm_router(work, up_url, PROXY_CPU, ROOT / "bench" / "results" / "venvs")[:2]
     try:
