@@ -164,35 +164,20 @@ _HOP = re.compile(rb"(?im)^(?:connection|keep-alive|proxy-authenticate|proxy-aut
                   rb":[^\r\n]*\r\n")
 
 
-class _RawHead:
-    """Parses with no Python per header: httptools checks the head, and the header block is sliced
-    from the bytes that brought it (one read, as every request of the harness and nearly every
-    request of a client on loopback)."""
+class _RawHead(_Lean):
+    """Parses with no Python per header: httptools checks the head (with ``on_header`` None it
+    calls no Python per header), and the header block is sliced from the bytes that brought it
+    (one read, as every request of the harness and nearly every request of a client on loopback)."""
+
+    on_header = None  # type: ignore[assignment]
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        self.parser = httptools.HttpRequestParser(self)
-        self.transport: Any = None
         self.data = b""
-        self.url = b""
-        self.body = b""
-        self.more = True
-        self.waiter: asyncio.Future[None] | None = None
-
-    def connection_made(self, transport: Any) -> None:
-        self.transport = transport
+        super().__init__(loop)
 
     def data_received(self, data: bytes) -> None:
         self.data = data
         self.parser.feed_data(data)
-
-    def on_message_begin(self) -> None:
-        self.url = b""
-        self.body = b""
-        self.more = True
-
-    def on_url(self, url: bytes) -> None:
-        self.url += url
 
     def on_headers_complete(self) -> None:
         data = self.data
@@ -200,27 +185,15 @@ class _RawHead:
         block = data[start:data.index(b"\r\n\r\n", start - 2) + 2]
         self.loop.create_task(self.handle(self.url, block))
 
-    def on_body(self, body: bytes) -> None:
-        self.body += body
-
-    def on_message_complete(self) -> None:
-        self.more = False
-        w = self.waiter
-        if w is not None:
-            self.waiter = None
-            w.set_result(None)
-
     async def handle(self, url: bytes, block: bytes) -> None:
         _HOP.sub(b"", block)  # the block to forward
         httptools.parse_url(url)
-        if self.more:
-            w = self.waiter = self.loop.create_future()
-            await w
+        await self.body_complete()
         await asyncio.sleep(0)
         self.transport.write(_answer())
 
 
-async def _lean_connection(make: Callable[[asyncio.AbstractEventLoop], _Lean | _RawHead], n: int) -> None:
+async def _lean_connection(make: Callable[[asyncio.AbstractEventLoop], _Lean], n: int) -> None:
     loop = asyncio.get_running_loop()
     proto = make(loop)
     t: Any = sp._Transport()
@@ -238,7 +211,7 @@ async def main(requests: int, rounds: int) -> dict[str, list[float]]:
     state = ServerState()
     state.default_headers = [(b"date", b"Fri, 27 Nov 2026 00:00:00 GMT")]
     uvicorn_like: dict[str, type[UvicornProtocol]] = {"uvicorn": UvicornProtocol, "gateway": GatewayProtocol}
-    lean: dict[str, Callable[[asyncio.AbstractEventLoop], _Lean | _RawHead]] = {
+    lean: dict[str, Callable[[asyncio.AbstractEventLoop], _Lean]] = {
         "lean asgi": lambda loop: LeanAsgi(loop, sp.app), "lean, no asgi": LeanDirect, "raw head": _RawHead}
     each = max(1, requests // sp.CONC)
 
