@@ -8,8 +8,10 @@ run.py's conc phase) and the upstream on CPU 1. Prints user and system CPU µs p
 every pass, then the medians. ``--granian`` adds the same answer served by granian, through ASGI
 and through its own RSGI interface (bench/README.md: granian's floor). ``--raw`` adds the answer
 made by an asyncio protocol of its own on httptools and uvloop, with no ASGI at all, and the same
-with a task per request (what a proxy that awaits its upstream needs at least): how much a gateway
-with its own HTTP server under the proxy path could save at most. ``--router`` adds vllm-router
+with a task per request (what a proxy that awaits its upstream needs at least); neither reads a
+header or runs an app. ``--lean`` adds own_server.py's ``lean, no asgi`` server (headers into a
+scope, the body read, a task per request): the least a server the proxy could run on does, so the
+most a gateway with its own HTTP server under the proxy path could save. ``--router`` adds vllm-router
 0.1.17 in front of the same fake upstream, the baseline the saving is measured against.
 ``--python`` runs the uvicorn and raw floors and the gateway under another interpreter (a virtual
 environment with the gateway's dependencies), as ab.py's ``--new-python``.
