@@ -88,12 +88,18 @@ async def _connection(protocol: type[UvicornProtocol], config: Config, state: Se
     proto.connection_lost(None)
 
 
-async def main(requests: int, rounds: int) -> dict[str, list[float]]:
+def served() -> tuple[Config, ServerState]:
+    """The config and server state the protocols are made with, as the gateway is served."""
     config = Config(app, lifespan="off", access_log=False, log_level="warning", server_header=False,
                     proxy_headers=False)  # as gateway/main.py serves
     config.load()
     state = ServerState()
     state.default_headers = [(b"date", b"Fri, 27 Nov 2026 00:00:00 GMT")]  # as uvicorn's server sets it
+    return config, state
+
+
+async def main(requests: int, rounds: int) -> dict[str, list[float]]:
+    config, state = served()
     protocols: dict[str, type[UvicornProtocol]] = {"uvicorn": UvicornProtocol, "gateway": GatewayProtocol}
     each = max(1, requests // CONC)
     for p in protocols.values():  # warm-up
