@@ -1,5 +1,5 @@
 """bench/gpu/pick_pairs.py's table against its committed runs (results/pick-api2-h200, pick-api2-conc-h200;
-results/pick-defaults-h200, pick-defaults2-h200, pick-defaults3-h200 and pick-defaults4-h200 under vLLM's defaults;
+results/pick-defaults-h200 to pick-defaults6-h200 under vLLM's defaults;
 pick-ramp-h200, a pilot of a ramped start, and pick-ramp2-h200, the two starts alternated), its
 cycle of ramps, and the switchable pick pick-api2 alternated (gateway_variant.py ``--variant switch``)."""
 
@@ -24,7 +24,8 @@ variant = load("gateway_variant")
 _DESIGN = [str(RESULTS / f) for f in ("pick-defaults-h200/rows.json.gz", "pick-defaults2-h200/rows.json.gz",
                                       "pick-ramp-h200/rows.json.gz", "pick-ramp2-h200/rows-1.json.gz",
                                       "pick-ramp2-h200/rows-2.json.gz", "pick-defaults3-h200/rows.json.gz",
-                                      "pick-defaults4-h200/rows.json.gz", "pick-defaults5-h200/rows.json.gz")]
+                                      "pick-defaults4-h200/rows.json.gz", "pick-defaults5-h200/rows.json.gz",
+                                      "pick-defaults6-h200/rows.json.gz")]
 
 
 def _rows(run: str = "pick-api2-h200") -> list[dict[str, Any]]:
@@ -203,6 +204,20 @@ _DEFAULTS_RUNS = [
       "gateway 22, direct 10 of 60; in a pair alone: gateway 18, direct 6",
       "mean over the pairs, g ÷ d: 1.206 (1.043–1.396); median of the 32 pairs with neither slow: 0.933"),
      "| slow | 142.5 | 6 | fast | 0.804 |"),
+    ("pick-defaults6-h200",
+     ("Neighbouring passes as pairs (7)", "| tokens/s, g ÷ d | 1.080 (0.922–1.122) | 4 |",
+      "| TTFT p50 ms, g ÷ d | 1.075 (0.619–1.638) | 4 |", "| TTFT p99 ms, g ÷ d | 0.982 (0.569–1.235) | 3 |",
+      "gateway 2, direct 1 of 7; in a pair alone: gateway 2, direct 1",
+      "mean over the pairs, g ÷ d: 1.124 (0.748–1.571); median of the 4 pairs with neither slow: 1.001"),
+     ("Neighbouring passes as pairs (73)", "| tokens/s, g ÷ d | 1.015 (0.996–1.066) | 42 |",
+      "| TTFT p50 ms, g ÷ d | 0.988 (0.926–1.134) | 35 |", "| TTFT p99 ms, g ÷ d | 0.977 (0.948–1.066) | 34 |",
+      "| request's life mean, g ÷ d | 0.960 (0.935–1.008) | 31 |",
+      "gateway 26, direct 14 of 73; in a pair alone: gateway 20, direct 8",
+      "mean over the pairs, g ÷ d: 1.150 (1.005–1.306); median of the 39 pairs with neither slow: 0.926"),
+     ("Neighbouring passes as pairs (67)", "| TTFT p50 ms, g ÷ d | 1.062 (0.930–1.164) | 34 |",
+      "gateway 24, direct 11 of 67; in a pair alone: gateway 20, direct 7",
+      "mean over the pairs, g ÷ d: 1.199 (1.051–1.369); median of the 36 pairs with neither slow: 0.933"),
+     "| slow | 84 | 3 | fast | 0.876 |"),
 ]
 
 
