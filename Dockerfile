@@ -57,29 +57,58 @@ HEALTHCHECK --interval=30s --timeout=5s --start-period=20m --retries=3 \
 ENTRYPOINT ["vllm-fleet", "up", "-c", "/etc/vllm-fleet/fleet.yaml"]
 
 # ---------------------------------------------------------------------------------------------
-# gateway: the router alone, in front of vLLM servers run elsewhere (compose `split`, Kubernetes).
-FROM ${PYTHON_IMAGE} AS gateway
+# gateway-build: the gateway image's virtual environment, made where a compiler is. The package's
+# gateway request path is compiled with mypyc (setup.py; about 3 µs less CPU per relayed event,
+# README "A compiled gateway"); --build-arg VLLM_FLEET_COMPILE=0 builds it plain. The compiler,
+# mypy and the headers stay in this stage.
+FROM ${PYTHON_IMAGE} AS gateway-build
+ARG VLLM_FLEET_COMPILE=1
 ENV PIP_NO_CACHE_DIR=1 \
-    PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    PYTHONUNBUFFERED=1 \
-    PATH=/opt/venv/bin:$PATH
-WORKDIR /opt/vllm-fleet/src
-COPY pyproject.toml README.md ./
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+# gcc, libc's headers and binutils' strip. Python's headers come with the official image (its
+# Python is built from source); a base whose Python is Debian's (the tests' stand-in) needs python3-dev.
+# hadolint ignore=DL3008
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends gcc libc6-dev binutils \
+ && { python3 -c "import sysconfig, os, sys; sys.exit(not os.path.exists(sysconfig.get_paths()['include'] + '/Python.h'))" \
+      || apt-get install -y --no-install-recommends python3-dev; } \
+ && rm -rf /var/lib/apt/lists/*
+WORKDIR /src
+# The dependencies first, in their own layers, keyed on pyproject.toml: a source change rebuilds
+# only the wheel and its install. /opt/build: the build's (mypyc type-checks the modules it
+# compiles, so what their annotations name is installed beside it, and the build runs without
+# isolation to see it). /opt/venv: the image's, at the path the gateway image runs it from, with
+# the same Python, so it moves there as it is (a venv: Debian-based Pythons refuse system-wide
+# installs). The package's own dependencies are light (FastAPI, uvicorn, aiohttp, ...).
+COPY pyproject.toml ./
+RUN python3 -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" > /tmp/req.txt \
+ && python3 -m venv /opt/build \
+ && /opt/build/bin/pip install mypy types-PyYAML 'setuptools>=77' --requirement /tmp/req.txt \
+ && python3 -m venv /opt/venv \
+ && /opt/venv/bin/pip install --requirement /tmp/req.txt
+COPY setup.py README.md ./
 COPY gateway ./gateway
 COPY fleet_supervisor ./fleet_supervisor
 COPY fleetspec ./fleetspec
 COPY fleet_planner ./fleet_planner
 COPY vllm_fleet ./vllm_fleet
-# The package's own dependencies are light (FastAPI, uvicorn, aiohttp, ...); no vLLM, no torch.
-# A venv (Debian-based Pythons refuse system-wide installs) that keeps no pip or setuptools of its
-# own once the package is in, nor what uvicorn[standard] brings for websockets and --reload, which
-# the gateway never uses: 25 MB less. The sources go too: the installed package is enough.
+# The image's venv keeps no pip or setuptools once the package is in, nor what uvicorn[standard]
+# brings for websockets and --reload, which the gateway never uses: 25 MB less. The extension
+# modules lose their debug sections (uvloop's alone is 13.6 MB with them, 1.6 MB without): about
+# 25 MB less, and room for the compiled gateway's 2 MB.
+RUN VLLM_FLEET_COMPILE=$VLLM_FLEET_COMPILE /opt/build/bin/pip wheel --no-build-isolation --no-deps --wheel-dir /wheels . \
+ && /opt/venv/bin/pip install --no-deps /wheels/*.whl \
+ && /opt/venv/bin/pip uninstall -y pip setuptools watchfiles websockets \
+ && find /opt/venv -name '*.so' -exec strip --strip-unneeded {} +
+
+# ---------------------------------------------------------------------------------------------
+# gateway: the router alone, in front of vLLM servers run elsewhere (compose `split`, Kubernetes).
+FROM ${PYTHON_IMAGE} AS gateway
+ENV PYTHONUNBUFFERED=1 \
+    PATH=/opt/venv/bin:$PATH
+COPY --from=gateway-build /opt/venv /opt/venv
 # --no-log-init: useradd would write a sparse /var/log/lastlog sized by the uid, 3 MB in a layer.
-RUN python3 -m venv /opt/venv \
- && pip install . \
- && pip uninstall -y pip setuptools watchfiles websockets \
- && rm -rf /opt/vllm-fleet/src \
- && vllm-fleet --help > /dev/null \
+RUN vllm-fleet --help > /dev/null \
  && groupadd --system --gid 10001 fleet \
  && useradd --system --no-log-init --uid 10001 --gid fleet --no-create-home --shell /usr/sbin/nologin fleet \
  && mkdir -p /etc/vllm-fleet

@@ -185,14 +185,19 @@ class HttpToolsProtocol(CycleProtocol):
         else:
             self._idle_since = self.loop.time()
             if self.timeout_keep_alive_task is None:
-                self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive, self._keep_alive_check)
+                self.timeout_keep_alive_task = self.loop.call_later(self._keep_alive_s(), self._keep_alive_check)
+
+    def _keep_alive_s(self) -> float:
+        # uvicorn declares the setting int and takes a float too; read untyped, so that a build
+        # compiled with mypyc (which checks declared types) takes both.
+        return getattr(self, "timeout_keep_alive")  # type: ignore[no-any-return]  # noqa: B009
 
     def _keep_alive_check(self) -> None:
         self.timeout_keep_alive_task = None
         since = self._idle_since
         if since is None:
             return  # a request is on: its response's end arms the timer again
-        left = since + self.timeout_keep_alive - self.loop.time()
+        left = since + self._keep_alive_s() - self.loop.time()
         if left > 0:  # it went idle again after the timer was armed: wait out the rest
             self.timeout_keep_alive_task = self.loop.call_later(left, self._keep_alive_check)
         else:

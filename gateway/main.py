@@ -10,6 +10,7 @@ from typing import Any
 import uvicorn
 
 from fleetspec.errors import ConfigError
+from gateway import proxy
 from gateway.app import FleetGateway
 from gateway.coalesce import HttpToolsProtocol
 from gateway.config import load_gateway_config
@@ -28,12 +29,18 @@ def build(config_path: str, workers: int | None = None) -> FleetGateway:
     return FleetGateway(settings, cfg.backends, cfg.node_tier)
 
 
+def request_path() -> str:
+    """How the request path runs: compiled by setup.py's ``VLLM_FLEET_COMPILE=1`` build, or not."""
+    return "compiled with mypyc" if (proxy.__file__ or "").endswith(".so") else "interpreted"
+
+
 def run_gateway(config_path: str, workers: int | None = None) -> int:
     """Serve until stopped (SIGTERM or Ctrl-C)."""
     app = build(config_path, workers)  # also validates everything before any worker starts
     s = app.settings
     logging.basicConfig(level=s.log_level.upper(), format=LOG_FORMAT)
     log = logging.getLogger("gateway")
+    log.info("request path %s", request_path())
     for b in app.pool.backends:
         log.info("backend %s at %s serving %s (%s)", b.name, b.url, ", ".join(b.models) or "(discovering)",
                  b.vram_tier.value)

@@ -115,10 +115,10 @@ class Opener:
             except TimeoutError:
                 self.limiter.release(backend)
                 raise self._headers_timeout(backend, loop.time() >= deadline - 0.01) from None
-            except UpstreamError as e:
+            except UpstreamError as bad:  # not ``e``: mypyc types a name by its first except (proxy.py)
                 # An answer that is not HTTP: the request may have done work, so no retry.
                 self.limiter.release(backend)
-                last_failure = f"{backend.name}: {e}"
+                last_failure = f"{backend.name}: {bad}"
                 self.ejector.failure(backend, last_failure)
                 log.warning("request %s: malformed response from %s", out.request_id.decode("latin-1"), last_failure)
                 raise OpenFailed(502, f"replica {backend.name} of '{model}' sent a malformed response",

@@ -125,11 +125,13 @@ class Proxy:
         except ClientGone:
             self.metrics.count(model_label, NO_BACKEND, CLIENT_CLOSED)
             return
-        except BadRequest as e:
-            await self._reject(send, flight, e, model_label)
+        # One name per exception type: mypyc types a name by its first binding, so a second
+        # ``except ... as e`` of another type fails its run-time check (bench/README.md, compiled).
+        except BadRequest as bad:
+            await self._reject(send, flight, bad, model_label)
             return
-        except Rejected as e:
-            await self._busy(send, flight, e, model_label)
+        except Rejected as busy:
+            await self._busy(send, flight, busy, model_label)
             return
         # On CPython 3.11 asyncio.get_running_loop() and current_task() without a loop each make a
         # getpid(2) (a check against fork): the loop once here serves this request's other uses.
@@ -144,8 +146,8 @@ class Proxy:
                 raise  # server shutdown, not the client: let it propagate
             # cancel() has been consumed; the task goes on to finish normally.
             task.uncancel()
-        except Rejected as e:
-            await self._busy(send, flight, e, model)
+        except Rejected as busy:
+            await self._busy(send, flight, busy, model)
         finally:
             flight.done = True
             flight.stop()

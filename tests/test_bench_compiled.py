@@ -23,7 +23,7 @@ def row(name: str) -> str:
     """bench/README.md's row for one output, recomputed from its passes."""
     lines = (RESULTS / name).read_text().splitlines()
     build = re.match(r"base: the working tree, interpreted; new: (\S+ \S+), modules ([^;\s]+)", lines[0])
-    assert build is not None and build[2] == ",".join(compiled.HOT)
+    assert build is not None and build[2] == ",".join(compiled.hot())
     cpu = ab_passes(lines[1:])
     base, new, router = cpu["gateway base"], cpu["gateway new"], cpu["vllm-router"]
     assert len(base) == len(new) == len(router) == 8

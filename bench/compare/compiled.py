@@ -14,7 +14,7 @@ vllm-router beside them.
 
     .venv/bin/python bench/compare/compiled.py [--compiler mypyc|cython] [--passes 8] [--paced] [--out FILE]
 
-``--modules`` names the modules to compile (default: ``HOT``, the ones a request or a relayed
+``--modules`` names the modules to compile (default: ``hot()``, the ones a request or a relayed
 event runs through). ``--paced``: CPU per relayed event (ab.py's paced phase), else CPU per
 request at 64 concurrent. ``--python`` runs both sides under another interpreter (ab.py's
 ``--base-python``/``--new-python``) and compiles for it.
@@ -28,14 +28,17 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-# The request path (cycle, coalesce, inbound, proxy, limiter, routing, opener, pool, upstream,
-# connection, warm, backend, metrics) and the relayed event's (connection, relay, sse, stream,
-# coalesce, cycle).
-HOT = ("backend", "coalesce", "connection", "cycle", "inbound", "limiter", "metrics", "opener", "pool", "proxy",
-       "relay", "routing", "sse", "stream", "upstream", "warm")
+
+
+def hot() -> list[str]:
+    """The modules setup.py compiles (pyproject.toml's ``[tool.vllm-fleet] compiled``): the request
+    path and the relayed event's."""
+    return list(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["vllm-fleet"]["compiled"])
+
 PACKAGES = ("gateway", "fleetspec")  # and mypy's settings from pyproject.toml (its plugins)
 
 
@@ -73,7 +76,7 @@ def compile_modules(tree: Path, compiler: str, modules: list[str], python: str =
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--compiler", choices=("mypyc", "cython"), default="mypyc")
-    ap.add_argument("--modules", default=",".join(HOT), help="gateway modules to compile, comma-separated")
+    ap.add_argument("--modules", default=",".join(hot()), help="gateway modules to compile, comma-separated")
     ap.add_argument("--passes", type=int, default=8)
     ap.add_argument("--paced", action="store_true", help="CPU per relayed event, not per request")
     ap.add_argument("--python", default=sys.executable,

@@ -42,8 +42,9 @@ def entrypoint(stage: str) -> list[str]:
 
 def test_targets() -> None:
     s = stages()
-    assert set(s) == {"fleet", "gateway", "fleet-cpu", "cpu-requirements"}
-    s.pop("cpu-requirements")  # a build step, not an image
+    assert set(s) == {"fleet", "gateway", "fleet-cpu", "cpu-requirements", "gateway-build"}
+    s.pop("cpu-requirements")  # build steps, not images
+    build = s.pop("gateway-build")
     assert entrypoint(s["fleet-cpu"]) == entrypoint(s["fleet"])
     # The CPU build of vLLM links libnuma; no `# syntax=` line (BuildKit would pull a frontend).
     assert "libnuma1" in s["fleet-cpu"] and not DOCKERFILE.read_text().startswith("# syntax")
@@ -56,8 +57,10 @@ def test_targets() -> None:
     assert re.search(r"^ARG VLLM_IMAGE=vllm/vllm-openai:v\d+\.\d+\.\d+$", DOCKERFILE.read_text(), re.M)
     # The fleet image adds vllm-fleet to vLLM's environment without changing any of vLLM's packages.
     assert "--constraint" in s["fleet"]
-    # The gateway image is the package alone: no engine extra.
-    assert re.search(r"pip .*install \. ", s["gateway"]) and "[gpu]" not in s["gateway"] and "[cpu]" not in s["gateway"]
+    # The gateway image is the package alone, no engine extra, its request path compiled by default.
+    assert "COPY --from=gateway-build /opt/venv /opt/venv" in s["gateway"]
+    assert re.search(r"pip wheel .* \.( \\)?$", build, re.M) and "[gpu]" not in build and "[cpu]" not in build
+    assert re.search(r"^ARG VLLM_FLEET_COMPILE=1$", build, re.M) and "COPY setup.py" in build
     assert re.search(r"^ARG PYTHON_IMAGE=python:3\.11-slim", DOCKERFILE.read_text(), re.M)
 
 
@@ -68,5 +71,7 @@ def test_every_stage_copies_every_package_the_distribution_ships() -> None:
     for name, body in stages().items():
         if "pip install" not in body and "pip\" install" not in body and "install --constraint" not in body:
             continue
+        if "COPY --from=gateway-build" in body:
+            continue  # takes the environment that stage built from its copies
         copied = set(re.findall(r"^COPY\s+(\w+)\s+\./\1\s*$", body, re.M))
         assert packages <= copied, f"stage {name} misses {sorted(packages - copied)}"

@@ -9,6 +9,7 @@ Everything else is docker-compose.yml's own service definition.
 from __future__ import annotations
 
 import time
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -66,6 +67,15 @@ def test_gateway_image_is_small(engine: Engine, split: Project) -> None:
     size = engine.image_size_mb(GATEWAY_IMAGE)
     FIGURES["gateway image size"] = f"{size:.0f} MB"
     assert size <= GATEWAY_LIMIT_MB
+
+
+def test_gateway_image_runs_its_request_path_compiled(engine: Engine, split: Project) -> None:
+    # The gateway-wheel stage compiles the modules pyproject.toml names; each loads as an extension.
+    names = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["vllm-fleet"]["compiled"]
+    code = "import importlib, sys; print(*(importlib.import_module('gateway.' + n).__file__ for n in sys.argv[1:]))"
+    files = engine.docker("run", "--rm", "--entrypoint", "python3", GATEWAY_IMAGE, "-c", code, *names).stdout.split()
+    assert len(files) == len(names) and all(f.endswith(".so") for f in files), files
+    assert "request path compiled with mypyc" in split.logs()
 
 
 def test_gateway_routes_each_model_to_its_container(split: Project) -> None:

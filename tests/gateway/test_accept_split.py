@@ -12,12 +12,13 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from types import SimpleNamespace
-from typing import Any, cast
 
 import pytest
 
+from fleetspec.infernet import BackendSpec
 from gateway.accept_split import ServerEnds, _addr, surplus
+from gateway.app import FleetGateway
+from gateway.settings import GatewaySettings
 from gateway.state import BackendState
 from gateway.upstream import UpstreamPool
 from gateway.warm import Warmer
@@ -111,9 +112,10 @@ async def test_which_process_serves_each_connection(listener: Listener) -> None:
 async def test_warmer_evens_out_and_waits_after_a_try_that_did_not_help(listener: Listener) -> None:
     listener.open(0)
     pool = UpstreamPool(5)
-    backend = SimpleNamespace(name="a", url=listener.url, state=BackendState.HEALTHY)
-    warmer = Warmer(cast(Any, _Backends([backend])), cast(Any, SimpleNamespace(gateway_limit=lambda _: POOL)),
-                    pool, 1.0, 1)
+    # A gateway's own backends and limiter (not stand-ins: a build compiled with mypyc checks types).
+    gw = FleetGateway(GatewaySettings(backend_max_concurrency=POOL), [BackendSpec("a", listener.url, ["m"])], None)
+    gw.pool.backends[0].state = BackendState.HEALTHY
+    warmer = Warmer(gw.pool.backends, gw.limiter, pool, 1.0, 1)
     warmer.budget = 1000
     try:
         await pool.warm(listener.url, POOL)
@@ -138,8 +140,3 @@ async def test_warmer_evens_out_and_waits_after_a_try_that_did_not_help(listener
         assert sum(split) == POOL and not surplus({0: split[0], 1: split[1]}, {0, 1}), split
     finally:
         pool.close()
-
-
-class _Backends(list[Any]):
-    def subscribe(self, _: object) -> None:
-        pass
