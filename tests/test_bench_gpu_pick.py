@@ -25,7 +25,7 @@ _DESIGN = [str(RESULTS / f) for f in ("pick-defaults-h200/rows.json.gz", "pick-d
                                       "pick-ramp-h200/rows.json.gz", "pick-ramp2-h200/rows-1.json.gz",
                                       "pick-ramp2-h200/rows-2.json.gz", "pick-defaults3-h200/rows.json.gz",
                                       "pick-defaults4-h200/rows.json.gz", "pick-defaults5-h200/rows.json.gz",
-                                      "pick-defaults6-h200/rows.json.gz")]
+                                      "pick-defaults6-h200/rows.json.gz", "pick-defaults7-h200/rows.json.gz")]
 
 
 def _rows(run: str = "pick-api2-h200") -> list[dict[str, Any]]:
@@ -218,6 +218,20 @@ _DEFAULTS_RUNS = [
       "gateway 24, direct 11 of 67; in a pair alone: gateway 20, direct 7",
       "mean over the pairs, g ÷ d: 1.199 (1.051–1.369); median of the 36 pairs with neither slow: 0.933"),
      "| slow | 84 | 3 | fast | 0.876 |"),
+    ("pick-defaults7-h200",
+     ("Neighbouring passes as pairs (4)", "| tokens/s, g ÷ d | 0.952 (0.908–1.013) | 1 |",
+      "| TTFT p50 ms, g ÷ d | 1.182 (0.387–2.391) | 2 |", "| TTFT p99 ms, g ÷ d | 1.109 (0.573–2.213) | 3 |",
+      "gateway 1, direct 1 of 4; in a pair alone: gateway 1, direct 1",
+      "mean over the pairs, g ÷ d: 1.160 (0.572–2.368); median of the 2 pairs with neither slow: 1.182"),
+     ("Neighbouring passes as pairs (77)", "| tokens/s, g ÷ d | 1.012 (0.991–1.057) | 43 |",
+      "| TTFT p50 ms, g ÷ d | 0.988 (0.926–1.134) | 37 |", "| TTFT p99 ms, g ÷ d | 0.982 (0.960–1.066) | 37 |",
+      "| request's life mean, g ÷ d | 0.962 (0.943–1.009) | 33 |",
+      "gateway 27, direct 15 of 77; in a pair alone: gateway 21, direct 9",
+      "mean over the pairs, g ÷ d: 1.150 (1.014–1.304); median of the 41 pairs with neither slow: 0.930"),
+     ("Neighbouring passes as pairs (71)", "| TTFT p50 ms, g ÷ d | 1.062 (0.936–1.218) | 36 |",
+      "gateway 25, direct 12 of 71; in a pair alone: gateway 21, direct 8",
+      "mean over the pairs, g ÷ d: 1.196 (1.049–1.365); median of the 38 pairs with neither slow: 0.949"),
+     "| slow | 84.5 | 2 | fast | 0.502 |"),
 ]
 
 
