@@ -1,6 +1,6 @@
 """The package as pyproject.toml describes it. With ``VLLM_FLEET_COMPILE=1`` the gateway's
 request-path modules (``[tool.vllm-fleet] compiled``) are also compiled with mypyc into C extensions
-beside their sources: about 3 µs less CPU per relayed event (README, "A compiled gateway"). That
+beside their sources: 2-5 µs less CPU per relayed event (README, "A compiled gateway"). That
 build needs mypy, a C compiler, Python's headers and the package's dependencies installed, so it
 runs without build isolation:
 
@@ -31,5 +31,5 @@ def extensions() -> list[object]:
     return list(mypycify(compiled_modules(), opt_level="3", group_name="vllm_fleet_gateway"))
 
 
-if __name__ == "__main__":  # setuptools runs this file as __main__; compiled.py imports it
+if __name__ == "__main__":  # as setuptools runs it
     setup(ext_modules=extensions())

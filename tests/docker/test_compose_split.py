@@ -70,7 +70,7 @@ def test_gateway_image_is_small(engine: Engine, split: Project) -> None:
 
 
 def test_gateway_image_runs_its_request_path_compiled(engine: Engine, split: Project) -> None:
-    # The gateway-wheel stage compiles the modules pyproject.toml names; each loads as an extension.
+    # The gateway-build stage compiles the modules pyproject.toml names; each loads as an extension.
     names = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["vllm-fleet"]["compiled"]
     code = "import importlib, sys; print(*(importlib.import_module('gateway.' + n).__file__ for n in sys.argv[1:]))"
     files = engine.docker("run", "--rm", "--entrypoint", "python3", GATEWAY_IMAGE, "-c", code, *names).stdout.split()
