@@ -163,15 +163,11 @@ RUN python3 -m venv /opt/venv \
  && set -- ${TORCH_INDEX_URL:+--extra-index-url "$TORCH_INDEX_URL"} \
  && pip install "$@" --requirement /tmp/requirements-cpu.txt \
  && pip uninstall -y torchvision torchaudio torchcodec
-COPY pyproject.toml ./
-COPY gateway ./gateway
-COPY fleet_supervisor ./fleet_supervisor
-COPY fleetspec ./fleetspec
-COPY fleet_planner ./fleet_planner
-COPY vllm_fleet ./vllm_fleet
-# --no-deps: the engine layer above already holds every dependency.
-RUN touch README.md \
- && pip install --no-deps . \
+# The package: the gateway image's wheel, its request path compiled with mypyc (the same base
+# image, so the same Python). --no-deps: the engine layer above already holds every dependency.
+COPY --from=gateway-build /wheels /tmp/wheels
+RUN pip install --no-deps /tmp/wheels/*.whl \
+ && rm -rf /tmp/wheels \
  && vllm-fleet make-tiny-model /opt/tiny-model \
  && vllm-fleet --help > /dev/null \
  && groupadd --system --gid 10001 fleet \

@@ -68,6 +68,10 @@ def test_chat_through_the_gateway_with_the_openai_sdk(stack: Project) -> None:
     assert [m.id for m in models.data] == ["tiny"]
     health = stack.engine.docker("inspect", "-f", "{{.State.Health.Status}}", stack.container("fleet-cpu"))
     assert health.stdout.strip() in ("starting", "healthy")  # the HEALTHCHECK runs in the image
+    # Its gateway runs the wheel of the Dockerfile's gateway-build stage, compiled with mypyc.
+    code = "import gateway.main as m; print(m.request_path())"
+    path = stack.engine.docker("exec", stack.container("fleet-cpu"), "python3", "-c", code).stdout.strip()
+    assert path == "compiled with mypyc"
 
 
 def query(project: Project, promql: str) -> list[dict[str, Any]]:
