@@ -25,7 +25,8 @@ _DESIGN = [str(RESULTS / f) for f in ("pick-defaults-h200/rows.json.gz", "pick-d
                                       "pick-ramp-h200/rows.json.gz", "pick-ramp2-h200/rows-1.json.gz",
                                       "pick-ramp2-h200/rows-2.json.gz", "pick-defaults3-h200/rows.json.gz",
                                       "pick-defaults4-h200/rows.json.gz", "pick-defaults5-h200/rows.json.gz",
-                                      "pick-defaults6-h200/rows.json.gz", "pick-defaults7-h200/rows.json.gz")]
+                                      "pick-defaults6-h200/rows.json.gz", "pick-defaults7-h200/rows.json.gz",
+                                      "pick-defaults8-h200/rows.json.gz")]
 
 
 def _rows(run: str = "pick-api2-h200") -> list[dict[str, Any]]:
@@ -232,6 +233,20 @@ _DEFAULTS_RUNS = [
       "gateway 25, direct 12 of 71; in a pair alone: gateway 21, direct 8",
       "mean over the pairs, g ÷ d: 1.196 (1.049–1.365); median of the 38 pairs with neither slow: 0.949"),
      "| slow | 84.5 | 2 | fast | 0.502 |"),
+    ("pick-defaults8-h200",
+     ("Neighbouring passes as pairs (4)", "| tokens/s, g ÷ d | 1.081 (0.866–1.132) | 3 |",
+      "| TTFT p50 ms, g ÷ d | 0.913 (0.697–1.112) | 1 |", "| TTFT p99 ms, g ÷ d | 0.902 (0.726–1.267) | 1 |",
+      "gateway 0, direct 0 of 4; in a pair alone: gateway 0, direct 0",
+      "mean over the pairs, g ÷ d: 0.806 (0.631–1.046); median of the 4 pairs with neither slow: 0.913"),
+     ("Neighbouring passes as pairs (81)", "| tokens/s, g ÷ d | 1.013 (0.996–1.057) | 46 |",
+      "| TTFT p50 ms, g ÷ d | 0.978 (0.926–1.128) | 38 |", "| TTFT p99 ms, g ÷ d | 0.977 (0.948–1.063) | 38 |",
+      "| request's life mean, g ÷ d | 0.962 (0.943–1.003) | 35 |",
+      "gateway 27, direct 15 of 81; in a pair alone: gateway 21, direct 9",
+      "mean over the pairs, g ÷ d: 1.138 (0.998–1.287); median of the 45 pairs with neither slow: 0.930"),
+     ("Neighbouring passes as pairs (75)", "| TTFT p50 ms, g ÷ d | 0.996 (0.936–1.134) | 37 |",
+      "gateway 25, direct 12 of 75; in a pair alone: gateway 21, direct 8",
+      "mean over the pairs, g ÷ d: 1.181 (1.027–1.339); median of the 42 pairs with neither slow: 0.949"),
+     "Slow among the windows whose fewest was 120 or more: 0 of 6; below 120: 0 of 2"),
 ]
 
 
